@@ -1,0 +1,269 @@
+"""Run every chart group's trials through Ray Tune and record them in MLflow.
+
+    python sweeps/full.py                         # all groups, local Ray, ./mlflow.db, the zoo
+    python sweeps/full.py --groups baseline --models zoo-gqa --dry-run
+    python sweeps/full.py --address auto --tracking-uri http://head:5000 --profile full
+
+Steps: validate the options (bad input: one line, exit 2, nothing touched) -> plan the trials of
+each group -> build the zoo models the plan needs (cached) -> create the store's experiments ->
+skip configs that already have a FINISHED run (unless --rerun) -> run the rest on Ray Tune (actors
+reused, one GPU per trial when the cluster has GPUs, else --cpus-per-trial CPUs) -> print a summary
+and where to look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
+
+from sweeps.spaces import PROFILES, SPACES, default_models  # noqa: E402
+from trials.config import GROUPS, ConfigError, TrialConfig  # noqa: E402
+
+log = logging.getLogger("sweeps")
+
+RAY_RESULTS = Path.home() / ".cache" / "llm-inference-sweeps" / "ray_results"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = OneLineParser(prog="python sweeps/full.py", description=__doc__.split("\n\n")[0],
+                           epilog=__doc__.split("\n\n", 1)[1],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=_csv, default=None,
+                        help=f"comma-separated chart groups (implemented: {', '.join(SPACES)}; default: all)")
+    parser.add_argument("--models", type=_csv, default=None,
+                        help="comma-separated model names from the registry (default: the zoo's targets)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                        help="workload size (default: quick when the cluster has no GPU, else full)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster address, e.g. 'auto' on a `ray up` head node (default: local Ray)")
+    parser.add_argument("--workers", type=_positive_int, default=None,
+                        help="trials at once (default: as many as the resources allow)")
+    parser.add_argument("--cpus-per-trial", type=_positive_int, default=1,
+                        help="CPUs (and torch threads) per trial on CPU-only clusters (default: 1)")
+    parser.add_argument("--storage-path", default=str(RAY_RESULTS),
+                        help="Ray Tune's own results folder; must be shared storage on multi-node clusters")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument("--rerun", action="store_true",
+                        help="run configs again even if they already have a FINISHED run")
+    return parser.parse_args(argv)
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Raise ConfigError (one line) for bad groups or models, before anything starts."""
+    from trials.registry import all_models, get_model
+
+    groups = args.groups if args.groups is not None else list(SPACES)
+    for group in groups:
+        if group not in GROUPS:
+            raise ConfigError(f"unknown group {group!r}; valid: {', '.join(GROUPS)}")
+        if group not in SPACES:
+            raise ConfigError(f"group {group!r} has no trials yet; implemented: {', '.join(SPACES)}")
+    if not groups:
+        raise ConfigError(f"--groups is empty; valid: {', '.join(SPACES)}")
+    args.groups = groups
+    if args.models is not None:
+        if not args.models:
+            raise ConfigError(f"--models is empty; valid: {', '.join(all_models())}")
+        for model in args.models:
+            get_model(model)
+
+
+def detect_device(address: str | None) -> str:
+    """'cuda' when the cluster (or this machine, for local Ray) has GPUs, else 'cpu'."""
+    if address is None:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    import ray
+
+    return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+
+
+def plan(args: argparse.Namespace, device: str) -> dict[str, list[TrialConfig]]:
+    profile = PROFILES[args.profile or ("quick" if device == "cpu" else "full")]
+    models = args.models or default_models(device)
+    return {group: SPACES[group](models, profile, device) for group in args.groups}
+
+
+def print_plan(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]]) -> None:
+    print(f"{'group':<14}{'model':<24}{'trials':>7}{'to skip':>9}")
+    for group, configs in trials.items():
+        per_model = Counter(c.model for c in configs)
+        skipped = Counter(c.model for c in configs if c.config_hash in done.get(group, ()))
+        for model, count in per_model.items():
+            print(f"{group:<14}{model:<24}{count:>7}{skipped[model]:>9}")
+        if not configs:
+            print(f"{group:<14}{'(none)':<24}{0:>7}{0:>9}")
+    total = sum(len(c) for c in trials.values())
+    to_skip = sum(c.config_hash in done.get(g, ()) for g, cs in trials.items() for c in cs)
+    print(f"total: {total} trials, {to_skip} already finished")
+
+
+def ensure_zoo(configs: list[TrialConfig]) -> None:
+    from trials import zoo
+    from trials.registry import get_model
+
+    needed = {get_model(name).location for c in configs
+              for name in (c.model, c.stack.draft_model) if name and get_model(name).source == "zoo"}
+    stale = sorted(n for n in needed if not zoo.is_built(n))
+    for set_name, names in zoo.ZOO_SETS.items():
+        if set(names) & set(stale):
+            log.info("building zoo set %r (missing or stale: %s)", set_name, ", ".join(stale))
+            zoo.build(set_name)
+
+
+def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: str):
+    import ray
+    from ray import tune
+
+    from sweeps.progress import ProgressPrinter
+    from sweeps.trainable import run_in_worker
+    from trials.environment import git_sha
+
+    if device == "cuda":
+        resources = {"cpu": 1, "gpu": 1}
+    else:
+        resources = {"cpu": args.cpus_per_trial}
+    slots = int(ray.cluster_resources().get("GPU" if device == "cuda" else "CPU", 1)
+                // (1 if device == "cuda" else args.cpus_per_trial))
+    workers = min(args.workers or slots, max(1, slots))
+    log.info("running %d trials, %d at a time, each with %s", len(configs), workers, resources)
+    param_space = {"trial": tune.grid_search([c.to_dict() for c in configs]),
+                   "tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha()}
+    tuner = tune.Tuner(
+        tune.with_resources(run_in_worker, resources),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers),
+        run_config=tune.RunConfig(name=sweep_id, storage_path=args.storage_path, verbose=0,
+                                  callbacks=[ProgressPrinter(len(configs))]),
+    )
+    return tuner.fit()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    import tracking
+
+    try:
+        validate(args)
+        uri = tracking.resolve_uri(args.tracking_uri)
+        tracking.check_reachable(uri)
+    except (ConfigError, tracking.TrackingError) as exc:
+        print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+        return 2
+
+    started = time.perf_counter()
+    ray_start_s = 0.0
+    if args.address is not None:
+        import ray
+
+        ray.init(address=args.address, logging_level=logging.WARNING)
+    device = detect_device(args.address)
+    try:
+        trials = plan(args, device)
+    except ConfigError as exc:
+        print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+        return 2
+    done = {g: tracking.finished_hashes(uri, g) for g in trials} if not args.rerun else {}
+    if args.dry_run:
+        print_plan(trials, done)
+        return 0
+
+    all_configs = [c for configs in trials.values() for c in configs]
+    ensure_zoo(all_configs)
+    tracking.prepare_store(uri)
+    to_run = [c for g, configs in trials.items() for c in configs if c.config_hash not in done.get(g, ())]
+    skipped = Counter(c.group for c in all_configs if c not in to_run)
+    sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    log.info("sweep %s: %d trials planned, %d to run, %d already finished (skipped)",
+             sweep_id, len(all_configs), len(to_run), sum(skipped.values()))
+
+    outcomes: list[dict] = []
+    if to_run:
+        import ray
+
+        if not ray.is_initialized():
+            ray_started = time.perf_counter()
+            ray.init(logging_level=logging.WARNING, include_dashboard=False)
+            ray_start_s = time.perf_counter() - ray_started
+        results = run_tune(to_run, args, uri, sweep_id, device)
+        outcomes = collect_outcomes(results, uri, sweep_id)
+    print_summary(all_configs, outcomes, skipped, uri, time.perf_counter() - started, ray_start_s)
+    return 0
+
+
+def collect_outcomes(results, uri: str, sweep_id: str) -> list[dict]:
+    """One dict per trial; a trial whose worker died is recorded here as a FAILED run."""
+    import tracking
+    from trials.run import failed_result
+
+    outcomes = []
+    for result in results:
+        if result.error is None and result.metrics:
+            outcomes.append(result.metrics)
+            continue
+        config = TrialConfig.from_dict(result.config["trial"])
+        reason = str(result.error).strip().splitlines()[-1] if result.error else "no result reported"
+        failure = failed_result(config, RuntimeError(f"worker failed: {reason}"))
+        tracking.log_trial(uri, failure, sweep_id=sweep_id)
+        outcomes.append({"trial_status": "FAILED", "error": failure.error, "group": config.group,
+                         "model": config.model, "stack": config.stack.label})
+    return outcomes
+
+
+def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s) -> None:
+    finished = [o for o in outcomes if o.get("trial_status") == "FINISHED"]
+    failed = [o for o in outcomes if o.get("trial_status") != "FINISHED"]
+    print()
+    print(f"Sweep done in {elapsed_s:.1f} s (Ray start-up {ray_start_s:.1f} s): "
+          f"{len(finished)} finished, {len(failed)} failed, {sum(skipped.values())} skipped "
+          "(already finished)")
+    for group in dict.fromkeys(c.group for c in configs):
+        f = sum(o.get("group") == group for o in finished)
+        x = sum(o.get("group") == group for o in failed)
+        print(f"  {group:<14} finished {f:>3}  failed {x:>3}  skipped {skipped.get(group, 0):>3}")
+    for o in failed:
+        print(f"  FAILED {o.get('group')} {o.get('model')} {o.get('stack')}: {o.get('error')}")
+    mlflow_uri = uri
+    print("\nLook at the runs:")
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {mlflow_uri} --host 127.0.0.1 --port 5000"
+          if uri.startswith("sqlite") else f"  MLflow UI:  {uri}")
+    print(f"  Dashboard:  python dashboard/app.py --tracking-uri {uri}   (http://127.0.0.1:8050)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    sys.exit(main())

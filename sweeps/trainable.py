@@ -1,0 +1,45 @@
+"""The Ray Tune trainable: run one trial in a worker and record it, whatever happens.
+
+The worker converts Tune's dict back into a ``TrialConfig``, gives torch as many threads as Ray
+granted CPUs (two trials sharing a machine must not fight over cores, or each slows the other's
+numbers), runs the measurement loop, and logs the run to MLflow itself, so a result is stored the
+moment it exists and survives a driver that dies. A trial that raises is recorded as a FAILED run
+with its one-line reason and reported to Tune as an ordinary result: one bad trial never stops the
+sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ray import tune
+
+import tracking
+from trials.config import Runtime, TrialConfig
+from trials.run import failed_result, run_trial
+
+
+def granted_cpus() -> int | None:
+    import ray
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    return max(1, int(cpus)) if cpus else None
+
+
+def run_in_worker(params: dict) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    config = TrialConfig.from_dict(params["trial"])
+    runtime = Runtime(num_threads=granted_cpus(), git_sha=params["git_sha"],
+                      sweep_id=params["sweep_id"])
+    try:
+        result = run_trial(config, runtime)
+    except Exception as exc:  # recorded as a FAILED run; the sweep goes on
+        result = failed_result(config, exc)
+    run_id = tracking.log_trial(params["tracking_uri"], result, sweep_id=params["sweep_id"])
+    tune.report({
+        "trial_status": result.status, "error": result.error, "run_id": run_id,
+        "config_hash": config.config_hash, "model": config.model, "stack": config.stack.label,
+        "group": config.group,
+        **{k: result.metrics[k] for k in ("tok_per_s", "measured_s", "model_load_s", "ttft_s")
+           if k in result.metrics},
+    })

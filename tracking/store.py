@@ -1,0 +1,198 @@
+"""The MLflow store: the only module of the project that imports mlflow.
+
+One experiment per chart group (``trials.config.GROUPS``), one run per trial: params are the flat
+config, metrics are the trial's measurements, tags say group, model, ``config_hash`` and the
+environment, and ``trial.json`` keeps the raw per-repeat numbers and generated texts. A trial that
+failed is a FAILED run whose ``error`` tag is its one-line reason.
+
+The default store is ``sqlite:///<cwd>/mlflow.db``; ``MLFLOW_TRACKING_URI`` or an explicit URI
+(an ``mlflow server`` on clusters) override it. SQLite paths are made absolute, because Ray workers
+run in other directories than the driver. The driver calls ``prepare_store`` before any trial
+starts: it creates the schema and every experiment, with an artifact location beside the database,
+so that workers never race to create them and artifacts never land in Ray's temporary folders.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from trials.config import GROUPS
+
+TRIAL_ARTIFACT = "trial.json"
+_RETRIES = 5
+
+
+class TrackingError(RuntimeError):
+    """The store cannot be used; the message is one line meant for the user."""
+
+
+def resolve_uri(uri: str | None = None) -> str:
+    """Explicit URI, else ``MLFLOW_TRACKING_URI``, else ``mlflow.db`` in the working directory."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):]
+        if path and not path.startswith("/") and path != ":memory:":
+            uri = "sqlite:///" + str(Path(path).resolve())
+    elif "://" not in uri:                       # a bare folder or file path
+        raise TrackingError(f"tracking URI {uri!r} has no scheme; use sqlite:///path/mlflow.db "
+                            "or http://host:port")
+    return uri
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Raise ``TrackingError`` with one line when the store cannot be reached or written."""
+    path = _sqlite_path(uri)
+    if path is not None:
+        if not path.parent.is_dir():
+            raise TrackingError(f"tracking store {uri} is unreachable: folder {path.parent} does not exist")
+        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise TrackingError(f"tracking store {uri} is not writable")
+        return
+    if uri.startswith(("http://", "https://")):
+        import requests
+
+        try:
+            response = requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise TrackingError(f"tracking server {uri} is unreachable "
+                                f"({type(exc).__name__}); is `mlflow server` running?") from None
+        if response.status_code != 200:
+            raise TrackingError(f"tracking server {uri} answered HTTP {response.status_code} on /health")
+        return
+    raise TrackingError(f"unsupported tracking URI {uri!r}; use sqlite:///path/mlflow.db or http(s)://")
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where experiments keep artifacts: beside a sqlite file; a server decides for itself."""
+    path = _sqlite_path(uri)
+    return (path.parent / "mlartifacts").as_uri() if path is not None else None
+
+
+def prepare_store(uri: str) -> dict[str, str]:
+    """Create the schema and every group's experiment (idempotent); returns group -> experiment id."""
+    check_reachable(uri)
+    client = _client(uri)
+    root = artifact_root(uri)
+    ids = {}
+    for group in GROUPS:
+        experiment = client.get_experiment_by_name(group)
+        if experiment is None:
+            location = f"{root}/{group}" if root else None
+            ids[group] = client.create_experiment(group, artifact_location=location,
+                                                  tags={"chart_group": group})
+        else:
+            ids[group] = experiment.experiment_id
+    return ids
+
+
+def _experiment_id(client, group: str) -> str:
+    experiment = client.get_experiment_by_name(group)
+    if experiment is None:
+        raise TrackingError(f"experiment {group!r} does not exist; the sweep driver creates it "
+                            "(tracking.prepare_store)")
+    return experiment.experiment_id
+
+
+def finished_hashes(uri: str, group: str) -> set[str]:
+    """``config_hash`` of every FINISHED run of ``group``: those configs need not run again."""
+    client = _client(uri)
+    experiment = client.get_experiment_by_name(group)
+    if experiment is None:
+        return set()
+    hashes, token = set(), None
+    while True:
+        page = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
+                                  max_results=1000, page_token=token)
+        hashes.update(r.data.tags.get("config_hash", "") for r in page)
+        token = page.token
+        if not token:
+            return hashes - {""}
+
+
+def _with_retry(fn):
+    """SQLite allows one writer at a time; a worker that finds it busy waits its turn."""
+    for attempt in range(_RETRIES):
+        try:
+            return fn()
+        except Exception as exc:  # mlflow wraps the driver's OperationalError in its own types
+            if "locked" not in str(exc).lower() or attempt == _RETRIES - 1:
+                raise
+            time.sleep(0.2 * 2 ** attempt)
+
+
+def log_trial(uri: str, result, sweep_id: str = "") -> str:
+    """Record one ``trials.run.TrialResult`` as a run; returns the run id."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    config = result.config
+    client = _client(uri)
+    experiment_id = _experiment_id(client, config.group)
+    tags = {"group": config.group, "model": config.model, "config_hash": config.config_hash,
+            "stack": config.stack.label, "sweep_id": sweep_id, **result.tags}
+    if result.error:
+        tags["error"] = result.error[:4000]
+    now = int(time.time() * 1000)
+
+    def write() -> str:
+        run = client.create_run(experiment_id, run_name=f"{config.model} {config.stack.label}",
+                                tags=tags)
+        run_id = run.info.run_id
+        metrics = [Metric(k, float(v), now, 0) for k, v in result.metrics.items()
+                   if v is not None and math.isfinite(float(v))]
+        params = [Param(k, v) for k, v in config.flat_params().items()]
+        client.log_batch(run_id, metrics=metrics, params=params, tags=[])
+        client.log_text(run_id, json.dumps(result.to_dict(), indent=1), TRIAL_ARTIFACT)
+        client.set_terminated(run_id, status=result.status)
+        return run_id
+
+    return _with_retry(write)
+
+
+def runs_frame(uri: str, group: str, status: str | None = "FINISHED") -> pd.DataFrame:
+    """Runs of one group as a table: one row per run, metrics and params as plain columns."""
+    import mlflow
+
+    client = _client(uri)
+    experiment = client.get_experiment_by_name(group)
+    if experiment is None:
+        return pd.DataFrame()
+    query = f"attributes.status = '{status}'" if status else ""
+    mlflow.set_tracking_uri(uri)
+    frame = mlflow.search_runs([experiment.experiment_id], filter_string=query,
+                               output_format="pandas")
+    if frame.empty:
+        return frame
+    renamed = {}
+    for column in frame.columns:
+        for prefix in ("metrics.", "params."):
+            if column.startswith(prefix) and column[len(prefix):] not in renamed.values():
+                renamed[column] = column[len(prefix):]
+    frame = frame.rename(columns=renamed)
+    for column in ("batch_size", "kv_bits", "num_draft_tokens", "max_new_tokens", "repeats", "seed"):
+        if column in frame:
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame
+
+
+def read_trial_artifact(uri: str, run_id: str) -> dict:
+    """The raw ``trial.json`` of a run (per-repeat numbers, generated texts)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/{TRIAL_ARTIFACT}"))

@@ -1,0 +1,169 @@
+"""What one trial is: a frozen, validated config with a stable hash.
+
+A trial = (model, group, optimization stack, workload, repeats, seed, device). Everything that can
+change a measured number is in the config, so two configs with the same ``config_hash`` are the same
+experiment: the sweep skips a config whose hash already has a FINISHED run. Things that do not change
+what is measured (how many threads Ray granted, the git sha) travel separately as ``Runtime``.
+
+Validation happens here, once, so that bad input fails before a sweep starts with one clear line.
+Ray Tune hands plain dicts around; ``TrialConfig.from_dict`` / ``to_dict`` convert at that edge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+GROUPS = ("baseline", "speculative", "kv_cache", "batching", "quantization", "stacks")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
+KV_BITS = (16, 8, 4, 2)
+SPECULATION = ("none", "draft", "prompt_lookup")
+DEVICES = ("cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A trial config that cannot be run; the message is one line meant for the user."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The optimization stack: how the model is loaded and how it generates."""
+
+    precision: str = "fp32"
+    kv_bits: int = 16
+    speculation: str = "none"
+    draft_model: str | None = None
+    num_draft_tokens: int = 0
+    batch_size: int = 1
+
+    def validate(self) -> None:
+        _check(self.precision in PRECISIONS,
+               f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        _check(self.kv_bits in KV_BITS,
+               f"unknown kv_bits {self.kv_bits!r}; valid: {', '.join(map(str, KV_BITS))}")
+        _check(self.speculation in SPECULATION,
+               f"unknown speculation {self.speculation!r}; valid: {', '.join(SPECULATION)}")
+        _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
+               f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if self.speculation == "none":
+            _check(self.draft_model is None and self.num_draft_tokens == 0,
+                   "draft_model / num_draft_tokens are only meaningful with speculation")
+        else:
+            _check(isinstance(self.num_draft_tokens, int) and self.num_draft_tokens >= 1,
+                   f"speculation needs num_draft_tokens (k) >= 1, got {self.num_draft_tokens!r}")
+            _check(self.batch_size == 1,
+                   "speculative decoding runs at batch_size 1 only "
+                   f"(transformers' assisted generation), got {self.batch_size}")
+        if self.speculation == "draft":
+            _check(bool(self.draft_model), "speculation 'draft' needs a draft_model")
+
+    @property
+    def label(self) -> str:
+        """Short human name of the stack, e.g. ``bf16`` or ``bf16+kv4+draft(k=4)+b8``."""
+        parts = [self.precision]
+        if self.kv_bits != 16:
+            parts.append(f"kv{self.kv_bits}")
+        if self.speculation == "draft":
+            parts.append(f"draft(k={self.num_draft_tokens})")
+        elif self.speculation == "prompt_lookup":
+            parts.append(f"lookup(k={self.num_draft_tokens})")
+        if self.batch_size != 1:
+            parts.append(f"b{self.batch_size}")
+        return "+".join(parts)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Which prompts, how many of each type, and how many tokens to generate for each."""
+
+    prompt_set: str = "mixed"
+    prompts_per_type: int = 2
+    max_new_tokens: int = 64
+
+    def validate(self) -> None:
+        from trials.prompts import PROMPT_SETS
+
+        _check(self.prompt_set in PROMPT_SETS,
+               f"unknown prompt_set {self.prompt_set!r}; valid: {', '.join(PROMPT_SETS)}")
+        _check(isinstance(self.prompts_per_type, int) and self.prompts_per_type >= 1,
+               f"prompts_per_type must be an integer >= 1, got {self.prompts_per_type!r}")
+        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 2,
+               f"max_new_tokens must be an integer >= 2, got {self.max_new_tokens!r}")
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One trial. Construct it and it is valid, or ``ConfigError`` says why not."""
+
+    group: str
+    model: str
+    stack: Stack = field(default_factory=Stack)
+    workload: Workload = field(default_factory=Workload)
+    repeats: int = 3
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        from trials.registry import get_model
+
+        _check(self.group in GROUPS, f"unknown group {self.group!r}; valid: {', '.join(GROUPS)}")
+        get_model(self.model)  # raises ConfigError naming the valid models
+        _check(self.device in DEVICES,
+               f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
+        _check(isinstance(self.repeats, int) and self.repeats >= 1,
+               f"repeats must be an integer >= 1, got {self.repeats!r}")
+        self.stack.validate()
+        self.workload.validate()
+        if self.stack.draft_model is not None:
+            get_model(self.stack.draft_model)
+
+    @property
+    def config_hash(self) -> str:
+        """Stable across processes and sessions: sha256 of the canonical JSON, 16 hex digits."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrialConfig":
+        data = dict(data)
+        _check(isinstance(data.get("stack", {}), dict) and isinstance(data.get("workload", {}), dict),
+               "stack and workload must be mappings")
+        stack = _build(Stack, data.pop("stack", {}))
+        workload = _build(Workload, data.pop("workload", {}))
+        return _build(cls, data, stack=stack, workload=workload)
+
+    def flat_params(self) -> dict[str, str]:
+        """The config as flat key -> string, the shape MLflow params and table columns want."""
+        flat = {"group": self.group, "model": self.model, "repeats": self.repeats,
+                "seed": self.seed, "device": self.device, "stack": self.stack.label}
+        flat.update(asdict(self.stack))
+        flat.update(asdict(self.workload))
+        return {k: "" if v is None else str(v) for k, v in flat.items()}
+
+
+def _build(cls, data: dict, **extra):
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    _check(not unknown, f"unknown {cls.__name__} field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    try:
+        return cls(**data, **extra)
+    except TypeError as exc:
+        raise ConfigError(f"bad {cls.__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How a trial runs on this worker; does not change what is measured, so not hashed."""
+
+    num_threads: int | None = None
+    git_sha: str = "unknown"
+    sweep_id: str = ""

@@ -1,0 +1,102 @@
+"""Load a model and its tokenizer under a precision, once per worker.
+
+A sweep runs many trials on the same model; loading it for each would dominate the measured time on
+small models and waste minutes on big ones. Loaded models are kept in a small per-process LRU keyed
+by (model, precision, device): Ray Tune reuses its worker processes (actors), so a worker loads
+each (model, precision) once. The LRU is short (``LLM_SWEEPS_MODEL_CACHE``, default 2) because a
+real 8B model in two precisions already fills a GPU; the sweep orders trials by model so that
+consecutive trials share what is cached.
+
+Precision is where the device and dtype meet: bf16 on CPU runs (slowly on CPUs without native
+bf16), fp16 matmuls on CPU are not a sensible configuration, so that combination is refused with a
+reason rather than measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+import os
+from dataclasses import dataclass
+
+import torch
+
+from trials.config import ConfigError
+from trials.registry import get_model
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    precision: str
+    device: str
+    model: torch.nn.Module
+    tokenizer: object
+    load_s: float
+    from_cache: bool = False
+
+
+_CACHE: "OrderedDict[tuple[str, str, str], LoadedModel]" = OrderedDict()
+
+
+def _cache_size() -> int:
+    return max(1, int(os.environ.get("LLM_SWEEPS_MODEL_CACHE", "2")))
+
+
+def load(name: str, precision: str, device: str) -> LoadedModel:
+    """The model ``name`` in ``precision`` on ``device``, from this worker's cache when possible."""
+    key = (name, precision, device)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        hit = _CACHE[key]
+        return LoadedModel(**{**hit.__dict__, "from_cache": True})
+    while len(_CACHE) >= _cache_size():
+        _CACHE.popitem(last=False)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    loaded = _load_uncached(name, precision, device)
+    _CACHE[key] = loaded
+    return loaded
+
+
+def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    if precision not in DTYPES:
+        raise ConfigError(f"precision {precision!r} is not available in this version "
+                          f"(available: {', '.join(DTYPES)})")
+    if precision == "fp16" and device == "cpu":
+        raise ConfigError("fp16 needs a CUDA device; on CPU use fp32 or bf16")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but torch sees no CUDA device")
+    entry = get_model(name)
+    path = entry.path()
+    if entry.source == "zoo":
+        from trials import zoo
+
+        if not zoo.is_built(entry.location):
+            raise ConfigError(f"zoo model {name!r} is not built; run: python -m trials.zoo build")
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=entry.trust_remote_code)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[precision], trust_remote_code=entry.trust_remote_code
+    ).to(device)
+    model.eval()
+    load_s = time.perf_counter() - started
+    log.info("loaded %s (%s, %s) in %.1fs", name, precision, device, load_s)
+    return LoadedModel(name, precision, device, model, tokenizer, load_s)
+
+
+def clear_cache() -> None:
+    _CACHE.clear()

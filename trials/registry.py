@@ -1,0 +1,82 @@
+"""Model registry: one place that maps a model name to where its weights come from.
+
+A name resolves to a zoo model (built offline by ``trials.zoo``), a local folder, or a Hugging Face
+hub id. Every entry says its role (target or draft), its default draft, the dtype it is published in,
+and whether it needs ``trust_remote_code`` (off unless the entry says so: loading a model must never
+run code from the hub by accident).
+
+The zoo entries are read from ``trials.zoo.RECIPES`` so the zoo stays the single source of its own
+models. The real models are for clusters with internet; each target is listed with the smaller model
+of the same tokenizer family that serves as its draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from trials.config import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    source: str               # "zoo" | "local" | "hub"
+    location: str             # zoo name, folder path, or hub id
+    role: str                 # "target" | "draft"
+    default_draft: str | None = None
+    dtype: str = "fp32"       # the precision the weights are published in
+    trust_remote_code: bool = False
+
+    def path(self) -> str:
+        """What to hand to ``from_pretrained``."""
+        if self.source == "zoo":
+            from trials import zoo
+
+            return str(zoo.model_path(self.location))
+        return self.location
+
+
+# Real models for GPU clusters with hub access. Drafts share the target's tokenizer.
+HUB_MODELS = (
+    ModelEntry("qwen2.5-0.5b-instruct", "hub", "Qwen/Qwen2.5-0.5B-Instruct", "draft", dtype="bf16"),
+    ModelEntry("qwen2.5-1.5b-instruct", "hub", "Qwen/Qwen2.5-1.5B-Instruct", "target",
+               default_draft="qwen2.5-0.5b-instruct", dtype="bf16"),
+    ModelEntry("qwen2.5-7b-instruct", "hub", "Qwen/Qwen2.5-7B-Instruct", "target",
+               default_draft="qwen2.5-0.5b-instruct", dtype="bf16"),
+    ModelEntry("llama-3.2-1b-instruct", "hub", "meta-llama/Llama-3.2-1B-Instruct", "draft",
+               dtype="bf16"),
+    ModelEntry("llama-3.2-3b-instruct", "hub", "meta-llama/Llama-3.2-3B-Instruct", "target",
+               default_draft="llama-3.2-1b-instruct", dtype="bf16"),
+    ModelEntry("llama-3.1-8b-instruct", "hub", "meta-llama/Llama-3.1-8B-Instruct", "target",
+               default_draft="llama-3.2-1b-instruct", dtype="bf16"),
+)
+
+
+@cache
+def all_models() -> dict[str, ModelEntry]:
+    from trials import zoo
+
+    entries = {}
+    for name, recipe in zoo.RECIPES.items():
+        entries[name] = ModelEntry(name, "zoo", name, recipe.role, default_draft=recipe.default_draft)
+    for entry in HUB_MODELS:
+        entries[entry.name] = entry
+    return entries
+
+
+def get_model(name: str) -> ModelEntry:
+    """The entry for ``name``; a local folder with a config.json is accepted as-is."""
+    entries = all_models()
+    if name in entries:
+        return entries[name]
+    if Path(name).is_dir() and (Path(name) / "config.json").is_file():
+        return ModelEntry(name, "local", str(Path(name).resolve()), "target")
+    raise ConfigError(f"unknown model {name!r}; valid: {', '.join(entries)} (or a local model folder)")
+
+
+def zoo_targets(set_name: str = "full") -> list[str]:
+    from trials import zoo
+
+    return [n for n in zoo.ZOO_SETS[set_name] if zoo.RECIPES[n].role == "target"]

@@ -1,0 +1,221 @@
+"""THE measurement loop: one trial, on its own, with no Ray and no MLflow.
+
+    load (cached per worker) -> warm up -> for each repeat, for each batch of prompts:
+        generate greedily a fixed number of tokens, stamping prefill (TTFT) and decode
+    -> medians and spread over repeats, peak memory, real weight and KV-cache bytes
+
+Every optimization changes only how the model is loaded (``models.load``) or which arguments
+``generate()`` gets; the timing, counting and memory code below is shared by all of them, so numbers
+of different optimizations are comparable. Generation is greedy with ``min_new_tokens`` equal to
+``max_new_tokens``: every configuration produces the same number of tokens, and outputs of two
+configurations can be compared token for token.
+
+Run it directly to check a trial on any machine that has torch and transformers:
+
+    python -m trials.run --model zoo-gqa --precision bf16
+    python -m trials.run --config trial.json          # a TrialConfig as JSON
+
+The last line printed is the result as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from trials import models
+from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
+from trials.environment import environment_tags
+from trials.measure import (TokenTimer, kv_bytes_exact, kv_cache_bytes, model_weights_bytes,
+                            track_peak_memory)
+from trials.prompts import Prompt, workload_prompts
+
+log = logging.getLogger(__name__)
+
+WARMUP_TOKENS = 4
+
+
+@dataclass
+class TrialResult:
+    """What a trial produced. ``metrics`` names carry their unit (``_s``, ``_bytes``, ``tok_per_s``)."""
+
+    config: TrialConfig
+    status: str                                   # "FINISHED" | "FAILED"
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)       # per-repeat numbers and generated texts
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), "config_hash": self.config.config_hash,
+                "status": self.status, "metrics": self.metrics, "tags": self.tags,
+                "error": self.error, "raw": self.raw}
+
+
+@dataclass
+class BatchRecord:
+    prompt_ids: list[str]
+    prompt_tokens: int          # longest prompt in the batch (rows are left-padded to it)
+    ttft_s: float
+    decode_s: float
+    new_tokens: int             # per row
+    decode_tokens: int          # per row, after the first
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    output_ids: list[list[int]]
+    texts: list[str]
+
+
+def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    return [prompts[i:i + size] for i in range(0, len(prompts), size)]
+
+
+def _generate(loaded: models.LoadedModel, batch: list[Prompt], new_tokens: int,
+              timer: TokenTimer) -> BatchRecord:
+    tokenizer, model = loaded.tokenizer, loaded.model
+    inputs = tokenizer([p.text for p in batch], return_tensors="pt", padding=True).to(loaded.device)
+    timer.reset()
+    out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, streamer=timer, return_dict_in_generate=True,
+                         pad_token_id=tokenizer.pad_token_id)
+    prompt_len = inputs["input_ids"].shape[1]
+    generated = out.sequences[:, prompt_len:]
+    cache = out.cache
+    return BatchRecord(
+        prompt_ids=[p.id for p in batch], prompt_tokens=prompt_len,
+        ttft_s=timer.ttft_s, decode_s=timer.decode_s,
+        new_tokens=generated.shape[1], decode_tokens=timer.decode_tokens,
+        kv_cache_bytes=kv_cache_bytes(cache), kv_cache_tokens=cache.get_seq_length(),
+        output_ids=generated.tolist(),
+        texts=tokenizer.batch_decode(generated, skip_special_tokens=True),
+    )
+
+
+def _spread(values: list[float], name: str) -> dict[str, float]:
+    return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
+
+
+def _summarize(config: TrialConfig, loaded: models.LoadedModel,
+               repeats: list[list[BatchRecord]], added_peak_bytes: int) -> dict[str, float]:
+    batch_size = config.stack.batch_size
+    throughput = [sum(b.decode_tokens * len(b.prompt_ids) for b in rep) / sum(b.decode_s for b in rep)
+                  for rep in repeats]
+    records = [b for rep in repeats for b in rep]
+    weights = model_weights_bytes(loaded.model)
+    biggest = max(repeats[0], key=lambda b: b.kv_cache_tokens)
+    cache_dtype_bytes = torch.finfo(next(loaded.model.parameters()).dtype).bits // 8
+    metrics = {
+        **_spread(throughput, "tok_per_s"),
+        **_spread([b.ttft_s for b in records], "ttft_s"),
+        **_spread([b.decode_s / b.decode_tokens for b in records], "tpot_s"),
+        "per_stream_tok_per_s": statistics.median(throughput) / batch_size,
+        "weights_bytes": weights,
+        "num_parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "peak_memory_bytes": weights + added_peak_bytes,
+        "kv_cache_bytes": biggest.kv_cache_bytes,
+        "kv_cache_bytes_exact": kv_bytes_exact(loaded.model.config, biggest.kv_cache_tokens,
+                                               len(biggest.prompt_ids), cache_dtype_bytes),
+        "kv_cache_tokens": biggest.kv_cache_tokens,
+        "prompt_tokens_mean": statistics.mean(b.prompt_tokens for b in repeats[0]),
+        "new_tokens_per_prompt": config.workload.max_new_tokens,
+        "num_prompts": sum(len(b.prompt_ids) for b in repeats[0]),
+    }
+    return metrics
+
+
+def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
+    """Run one trial and return its measurements; raises on failure (the caller records it)."""
+    if config.stack != Stack(precision=config.stack.precision, batch_size=config.stack.batch_size):
+        raise ConfigError(f"stack {config.stack.label} needs an optimization this version does not "
+                          "implement yet (only precision and batch size)")
+    if runtime.num_threads and config.device == "cpu":
+        torch.set_num_threads(runtime.num_threads)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    loaded = models.load(config.model, config.stack.precision, config.device)
+    prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
+    batches = _batches(prompts, config.stack.batch_size)
+    timer = TokenTimer()
+    started = time.perf_counter()
+    with torch.inference_mode():
+        _generate(loaded, batches[0], WARMUP_TOKENS, timer)
+        warmup_s = time.perf_counter() - started
+        with track_peak_memory(config.device) as peak:
+            repeats = [[_generate(loaded, b, config.workload.max_new_tokens, timer) for b in batches]
+                       for _ in range(config.repeats)]
+    measured_s = time.perf_counter() - started
+
+    metrics = _summarize(config, loaded, repeats, peak.added_bytes)
+    metrics.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
+                   model_from_cache=float(loaded.from_cache), warmup_s=warmup_s,
+                   measured_s=measured_s, num_threads=float(torch.get_num_threads()))
+    tags = {**environment_tags(config.device, runtime.git_sha if runtime.git_sha != "unknown" else None),
+            "memory_method": peak.method}
+    raw = {
+        "repeats": [[{k: v for k, v in b.__dict__.items() if k not in ("output_ids", "texts")}
+                     for b in rep] for rep in repeats],
+        "outputs": [{"prompt_id": pid, "text": text, "token_ids": ids}
+                    for b in repeats[0] for pid, text, ids in zip(b.prompt_ids, b.texts, b.output_ids)],
+    }
+    return TrialResult(config, "FINISHED", metrics, tags, raw)
+
+
+def failed_result(config: TrialConfig, exc: BaseException) -> TrialResult:
+    """A FAILED result whose ``error`` is the one-line reason (type and message)."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not isinstance(exc, ConfigError):
+        reason = f"{type(exc).__name__}: {reason}"
+    return TrialResult(config, "FAILED", tags=environment_tags(config.device),
+                       raw={"traceback": traceback.format_exception(exc)}, error=reason)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trials.run", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="a TrialConfig as a JSON file or JSON string")
+    parser.add_argument("--model", default="zoo-gqa")
+    parser.add_argument("--group", default="baseline")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--prompt-set", default="mixed")
+    parser.add_argument("--prompts-per-type", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--raw", action="store_true", help="include per-repeat numbers and texts")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.config:
+            text = args.config if args.config.lstrip().startswith("{") else open(args.config).read()
+            config = TrialConfig.from_dict(json.loads(text))
+        else:
+            config = TrialConfig(group=args.group, model=args.model, device=args.device,
+                                 stack=Stack(precision=args.precision, batch_size=args.batch_size),
+                                 workload=Workload(args.prompt_set, args.prompts_per_type,
+                                                   args.max_new_tokens),
+                                 repeats=args.repeats)
+        result = run_trial(config, Runtime(num_threads=args.threads))
+    except (ConfigError, json.JSONDecodeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = result.to_dict()
+    if not args.raw:
+        out.pop("raw")
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
