@@ -1,0 +1,37 @@
+# Two commands do all the set-up on a fresh machine (see README):
+#   make run    venv + dependencies + offline zoo + the quick sweep (python sweeps/full.py)
+#   make test   venv + dependencies + headless Chromium + the CPU test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# The CPU wheel lies on the package index of our machines; on a CUDA cluster set TORCH to the build you want.
+TORCH  ?= torch==2.13.0
+
+.PHONY: run test setup browser dashboard mlflow-ui
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(PY) sweeps/full.py $(ARGS)
+
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; }
+
+test: setup browser
+	$(PY) -m pytest -k cpu $(ARGS); rc=$$?; \
+	  [ $$rc -ne 5 ] || echo "pytest collected no tests (exit code 5): that is a failure"; exit $$rc
+
+dashboard: setup
+	$(PY) dashboard/app.py $(ARGS)
+
+mlflow-ui: setup
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
