@@ -14,6 +14,7 @@ and where to look.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -76,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument("--rerun", action="store_true",
                         help="run configs again even if they already have a FINISHED run")
+    parser.add_argument("--summary-json", default=None,
+                        help="also write the summary (counts, phase timings) to this JSON file")
     return parser.parse_args(argv)
 
 
@@ -203,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     all_configs = [c for configs in trials.values() for c in configs]
+    phase = time.perf_counter()
     ensure_zoo(all_configs)
+    zoo_s = time.perf_counter() - phase
     tracking.prepare_store(uri)
     to_run = [c for g, configs in trials.items() for c in configs if c.config_hash not in done.get(g, ())]
     skipped = Counter(c.group for c in all_configs if c not in to_run)
@@ -212,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
              sweep_id, len(all_configs), len(to_run), sum(skipped.values()))
 
     outcomes: list[dict] = []
+    tune_s = 0.0
     if to_run:
         import ray
 
@@ -219,9 +225,19 @@ def main(argv: list[str] | None = None) -> int:
             ray_started = time.perf_counter()
             ray.init(logging_level=logging.WARNING, include_dashboard=False)
             ray_start_s = time.perf_counter() - ray_started
+        phase = time.perf_counter()
         results = run_tune(to_run, args, uri, sweep_id, device)
+        tune_s = time.perf_counter() - phase
         outcomes = collect_outcomes(results, uri, sweep_id)
-    print_summary(all_configs, outcomes, skipped, uri, time.perf_counter() - started, ray_start_s)
+    elapsed_s = time.perf_counter() - started
+    print_summary(all_configs, outcomes, skipped, uri, elapsed_s, ray_start_s)
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps({
+            "sweep_id": sweep_id, "tracking_uri": uri, "device": device,
+            "finished": sum(o.get("trial_status") == "FINISHED" for o in outcomes),
+            "failed": sum(o.get("trial_status") != "FINISHED" for o in outcomes),
+            "skipped": sum(skipped.values()), "elapsed_s": elapsed_s, "zoo_s": zoo_s,
+            "ray_start_s": ray_start_s, "tune_s": tune_s, "outcomes": outcomes}, indent=1))
     return 0
 
 

@@ -41,7 +41,7 @@ from trials.prompts import Prompt, workload_prompts
 
 log = logging.getLogger(__name__)
 
-WARMUP_TOKENS = 4
+WARMUP_TOKENS = 2
 
 
 @dataclass
@@ -148,7 +148,8 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
     timer = TokenTimer()
     started = time.perf_counter()
     with torch.inference_mode():
-        _generate(loaded, batches[0], WARMUP_TOKENS, timer)
+        for batch in batches:  # every prompt shape once: lazy init and per-shape kernel choice
+            _generate(loaded, batch, WARMUP_TOKENS, timer)
         warmup_s = time.perf_counter() - started
         with track_peak_memory(config.device) as peak:
             repeats = [[_generate(loaded, b, config.workload.max_new_tokens, timer) for b in batches]
