@@ -113,6 +113,12 @@ def detect_device(address: str | None) -> str:
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
 
 
+def _alive_nodes() -> int:
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
 def plan(args: argparse.Namespace, device: str) -> dict[str, list[TrialConfig]]:
     profile = PROFILES[args.profile or ("quick" if device == "cpu" else "full")]
     models = args.models or default_models(device)
@@ -195,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
 
         ray.init(address=args.address, logging_level=logging.WARNING)
     device = detect_device(args.address)
+    if args.address is not None and uri.startswith("sqlite") and _alive_nodes() > 1:
+        print("python sweeps/full.py: error: a multi-node Ray cluster needs a tracking server that "
+              "every node reaches (--tracking-uri http://HEAD:5000); a sqlite file is local to one "
+              "node", file=sys.stderr)
+        return 2
     try:
         trials = plan(args, device)
     except ConfigError as exc:

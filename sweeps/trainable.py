@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+import ray
 from ray import tune
 
 import tracking
@@ -20,8 +21,6 @@ from trials.run import failed_result, run_trial
 
 
 def granted_cpus() -> int | None:
-    import ray
-
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
     return max(1, int(cpus)) if cpus else None
 
@@ -35,6 +34,8 @@ def run_in_worker(params: dict) -> None:
         result = run_trial(config, runtime)
     except Exception as exc:  # recorded as a FAILED run; the sweep goes on
         result = failed_result(config, exc)
+    context = ray.get_runtime_context()
+    result.tags.update({"ray.node_id": context.get_node_id(), "ray.node_ip": ray.util.get_node_ip_address()})
     run_id = tracking.log_trial(params["tracking_uri"], result, sweep_id=params["sweep_id"])
     tune.report({
         "trial_status": result.status, "error": result.error, "run_id": run_id,
