@@ -1,0 +1,190 @@
+"""The offline model zoo: the tiny set built from scratch into a fresh folder, then checked."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trials import zoo
+
+REPO = Path(__file__).resolve().parents[1]
+CARD_FIELDS = (
+    "name", "role", "family", "architecture", "parameters", "layers", "hidden_size", "attention_heads",
+    "kv_heads", "head_dim", "vocab_size", "max_position_embeddings", "training_tokens", "train_steps",
+    "heldout_perplexity", "heldout_tokens", "build_seconds", "seed", "recipe_hash", "corpus_hash", "how_made",
+)
+TINY = zoo.ZOO_SETS["tiny"]
+
+
+@dataclasses.dataclass
+class FreshBuild:
+    root: Path
+    cards: dict
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def fresh_build(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(zoo.ZOO_ENV_VAR, str(root))
+        start = time.time()
+        cards = zoo.build("tiny")
+        return FreshBuild(root, cards, time.time() - start)
+
+
+@pytest.fixture
+def fresh_zoo(fresh_build, monkeypatch):
+    """The freshly built tiny zoo, with the env var pointing at it for this test only."""
+    monkeypatch.setenv(zoo.ZOO_ENV_VAR, str(fresh_build.root))
+    return fresh_build
+
+
+def _run_cli(*args, env_dir):
+    env = dict(os.environ, **{zoo.ZOO_ENV_VAR: str(env_dir)})
+    return subprocess.run([sys.executable, "-m", "trials.zoo", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_tiny_zoo_build_and_reload_cpu(fresh_zoo):
+    assert fresh_zoo.seconds < 90, f"tiny build took {fresh_zoo.seconds:.1f}s"
+    assert zoo.zoo_dir() == fresh_zoo.root
+    assert set(fresh_zoo.cards) == set(TINY) == {"tiny-mha", "tiny-gqa", "tiny-draft"}
+    for name, card in fresh_zoo.cards.items():
+        assert zoo.is_built(name)
+        assert zoo.load_card(name) == card
+        missing = [f for f in CARD_FIELDS if f not in card]
+        assert not missing, f"{name} card lacks {missing}"
+        assert card["name"] == name and card["architecture"] == "LlamaForCausalLM"
+        assert card["corpus_hash"] == zoo.corpus_hash("tiny")
+        assert card["recipe_hash"] == zoo.recipe_hash(name)
+        assert len(card["how_made"]) > 200
+
+        folder = zoo.model_path(name)
+        assert folder.parent == fresh_zoo.root and (folder / "model.safetensors").exists()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        assert type(model).__name__ == "LlamaForCausalLM"
+        assert card["parameters"] == sum(p.numel() for p in model.parameters())
+        cfg = model.config
+        assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                cfg.head_dim, cfg.vocab_size, cfg.max_position_embeddings) == (
+            card["layers"], card["hidden_size"], card["attention_heads"], card["kv_heads"], card["head_dim"],
+            card["vocab_size"], card["max_position_embeddings"])
+        assert cfg.max_position_embeddings >= 4096
+        assert card["training_tokens"] == card["train_steps"] * card["batch_size"] * card["seq_len"]
+
+    mha, gqa, draft = (fresh_zoo.cards[n] for n in ("tiny-mha", "tiny-gqa", "tiny-draft"))
+    assert mha["role"] == gqa["role"] == "target" and draft["role"] == "draft"
+    assert mha["default_draft"] == gqa["default_draft"] == "tiny-draft"
+    assert set(draft["draft_for"]) == {"tiny-mha", "tiny-gqa"}
+    assert mha["kv_heads"] == mha["attention_heads"] and gqa["kv_heads"] < gqa["attention_heads"]
+    assert draft["parameters"] < min(mha["parameters"], gqa["parameters"])
+    assert (zoo.tokenizer_path("tiny") / "tokenizer.json").exists()
+
+
+def test_tiny_zoo_reload_gives_identical_logits_and_tokenizer_round_trips_cpu(fresh_zoo):
+    folder = zoo.model_path("tiny-gqa")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.padding_side == "left"
+    assert tokenizer.pad_token and tokenizer.eos_token and tokenizer.bos_token
+    texts = ["def __init__(self, name):\n        self.name = name\n",
+             "The with statement wraps a block — naïve ✓ 😀",
+             '{"id": 7, "city": "Oslo"}\nsku,price\nSKU-1,2.50\n| a | b |']
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids) == text
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    assert batch["attention_mask"][:, -1].all()  # left padding
+
+    first = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    second = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits_a = first(**batch).logits
+        logits_b = second(**batch).logits
+    assert torch.equal(logits_a, logits_b)
+
+
+def test_tiny_targets_beat_draft_on_heldout_perplexity_cpu(fresh_zoo):
+    cards = fresh_zoo.cards
+    draft_ppl = cards["tiny-draft"]["heldout_perplexity"]
+    for target in ("tiny-mha", "tiny-gqa"):
+        assert cards[target]["heldout_perplexity"] < draft_ppl
+    assert zoo.quality_problems("tiny", cards) == []
+    # The card's number is real: recompute it from the saved weights.
+    model = AutoModelForCausalLM.from_pretrained(zoo.model_path("tiny-mha"), dtype=torch.float32)
+    windows = zoo.heldout_windows("tiny")
+    assert windows[:, 1:].numel() == cards["tiny-mha"]["heldout_tokens"]
+    assert zoo.heldout_perplexity(model, windows) == pytest.approx(cards["tiny-mha"]["heldout_perplexity"],
+                                                                   rel=1e-3)
+
+
+def test_second_tiny_build_rebuilds_nothing_cpu(fresh_zoo):
+    weights = {n: zoo.model_path(n) / "model.safetensors" for n in TINY}
+    mtimes = {n: p.stat().st_mtime_ns for n, p in weights.items()}
+    start = time.time()
+    cards = zoo.build("tiny")
+    assert time.time() - start < 10
+    assert cards == fresh_zoo.cards  # same build_seconds: cached cards, not new ones
+    assert {n: p.stat().st_mtime_ns for n, p in weights.items()} == mtimes
+
+
+def test_recipe_change_marks_model_stale_cpu(fresh_zoo, monkeypatch):
+    assert all(zoo.is_built(n) for n in TINY)
+    old = zoo.RECIPES["tiny-mha"]
+    monkeypatch.setitem(zoo.RECIPES, "tiny-mha", dataclasses.replace(old, train_steps=old.train_steps + 1))
+    assert not zoo.is_built("tiny-mha")
+    assert not zoo.is_built("tiny-draft")  # distilled from tiny-mha: its teacher changed
+    assert zoo.is_built("tiny-gqa")
+    monkeypatch.setitem(zoo.RECIPES, "tiny-mha", old)
+    assert zoo.is_built("tiny-mha") and zoo.is_built("tiny-draft")
+
+    # A card whose stored recipe hash differs (an older recipe) is stale too.
+    card_file = zoo.model_path("tiny-gqa") / zoo.CARD_FILE
+    original = card_file.read_text()
+    try:
+        card = json.loads(original)
+        card["recipe_hash"] = "0" * 16
+        card_file.write_text(json.dumps(card))
+        assert not zoo.is_built("tiny-gqa")
+    finally:
+        card_file.write_text(original)
+    assert zoo.is_built("tiny-gqa")
+
+
+def test_cli_list_help_and_errors_cpu(fresh_zoo, tmp_path):
+    listed = _run_cli("list", "--set", "tiny", env_dir=fresh_zoo.root)
+    assert listed.returncode == 0, listed.stderr
+    for name in TINY:
+        line = next(line for line in listed.stdout.splitlines() if line.startswith(name))
+        assert "built" in line and f"{fresh_zoo.cards[name]['heldout_perplexity']:.2f}" in line
+
+    empty = _run_cli("list", env_dir=tmp_path / "nothing")
+    assert empty.returncode == 0 and "missing" in empty.stdout and "zoo-gqa" in empty.stdout
+
+    for args in (["--help"], ["build", "--help"], ["list", "--help"]):
+        helped = _run_cli(*args, env_dir=tmp_path)
+        assert helped.returncode == 0 and "usage" in helped.stdout
+
+    for args, valid in ((["build", "--set", "huge"], "tiny, full"), (["list", "--set", "huge"], "tiny, full"),
+                        (["build", "--set", "tiny", "--model", "zoo-nope"], "tiny-mha")):
+        failed = _run_cli(*args, env_dir=tmp_path)
+        assert failed.returncode == 2
+        lines = failed.stderr.strip().splitlines()
+        assert len(lines) == 1 and valid in lines[0], failed.stderr
+
+    with pytest.raises(ValueError, match="valid models"):
+        zoo.model_path("zoo-nope")
+    with pytest.raises(ValueError, match="valid sets"):
+        zoo.build("huge")
+
+
+def test_tiny_zoo_fixture_builds_into_the_configured_dir_cpu(tiny_zoo):
+    assert tiny_zoo == zoo.zoo_dir()
+    assert all(zoo.is_built(name) for name in TINY)
