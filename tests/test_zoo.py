@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trials import zoo
@@ -97,9 +98,13 @@ def test_tiny_zoo_reload_gives_identical_logits_and_tokenizer_round_trips_cpu(fr
     texts = ["def __init__(self, name):\n        self.name = name\n",
              "The with statement wraps a block — naïve ✓ 😀",
              '{"id": 7, "city": "Oslo"}\nsku,price\nSKU-1,2.50\n| a | b |']
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
     for text in texts:
         ids = tokenizer(text)["input_ids"]
         assert tokenizer.decode(ids) == text
+        assert ids == raw.encode(text).ids  # no BOS added, same pre-tokenizer as at training
+    newline = tokenizer.convert_tokens_to_ids("\u010a")  # byte-level "\n"
+    assert tokenizer("a\n\n    b")["input_ids"].count(newline) == 2  # every newline is its own token
     batch = tokenizer(texts, padding=True, return_tensors="pt")
     assert batch["attention_mask"][:, -1].all()  # left padding
 

@@ -5,7 +5,7 @@ Three sources, so that prompt types differ in the sweeps (code, prose, structure
 * ``code``: ``.py`` files of the running interpreter's standard library. Files are picked in a
   fixed pseudo-random order (CRC32 of the relative path) rather than alphabetically, so a small
   byte budget still covers many packages instead of only ``asyncio`` and ``collections``.
-  Tests, idlelib, tkinter and other odd corners are skipped.
+  Tests, idlelib, tkinter, other odd corners and files that are mostly literal tables are skipped.
 * ``prose``: the English help texts in ``pydoc_data/topics.py`` (the ``topics`` dict, ~460 KB),
   in key order.
 * ``structured``: JSON records (pretty and JSON Lines), CSV tables and markdown tables generated
@@ -28,6 +28,7 @@ import io
 import json
 import os
 import random
+import re
 import sysconfig
 import zlib
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ SKIPPED_STDLIB_DIRS = frozenset({
 })
 MIN_CODE_FILE_BYTES = 1_000
 MAX_CODE_FILE_BYTES = 80_000
+# Files that are mostly literal tables (html/entities.py, locale.py, stringprep.py, ...) are data,
+# not code: a small model memorizes them and greedy decoding drifts into endless table rows.
+DATA_LINE = re.compile(r"""^\s*(['"].*['"]|\d+|0x[0-9a-fA-F]+)\s*[:,]""")
+MAX_DATA_LINE_FRACTION = 0.3
 
 
 @dataclass(frozen=True)
@@ -101,11 +106,16 @@ def code_documents(byte_budget: int) -> list[Document]:
     for _, rel, path in sorted(candidates):
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
-        if used + len(text) > byte_budget:
+        if used + len(text) > byte_budget or _mostly_data(text):
             continue
         docs.append(Document("code", rel, text))
         used += len(text)
     return docs
+
+
+def _mostly_data(text: str) -> bool:
+    lines = text.splitlines()
+    return sum(1 for line in lines if DATA_LINE.match(line)) > MAX_DATA_LINE_FRACTION * max(1, len(lines))
 
 
 def prose_documents(byte_budget: int) -> list[Document]:

@@ -1,4 +1,4 @@
-"""An offline zoo of small trained Llama models, loadable through the normal Hugging Face path.
+r"""An offline zoo of small trained Llama models, loadable through the normal Hugging Face path.
 
 Why this exists: the machines this project runs on have no GPU and no model hub, yet the sweeps
 need real models (trained weights, a real tokenizer, target/draft pairs, MHA vs GQA shapes).
@@ -21,7 +21,9 @@ Design choices:
   set, fp32), so numbers inside a set are comparable.
 * Tokenizer: byte-level BPE from ``tokenizers`` (vocab 4096 full, 512 tiny), one folder per set,
   saved as ``PreTrainedTokenizerFast`` with left padding; a copy goes into every model folder.
-  No BOS is added when encoding, and the models were trained that way.
+  Every newline is its own token (a ``Split`` before the byte-level pre-tokenizer), so an
+  undertrained model does not fall into endless whitespace tokens. No BOS is added when
+  encoding, and the models were trained that way; documents are separated by ``<|endoftext|>``.
 * Models: ``LlamaForCausalLM`` with tied embeddings, explicit ``head_dim``,
   ``max_position_embeddings=4096`` (later features sweep long contexts; quality there is not the
   point). Trained from scratch with AdamW, warmup + cosine, bf16 autocast on CPU (2-3x faster than
@@ -38,12 +40,36 @@ Design choices:
   only when either differs, or with ``--force``. Folders are written under a temporary name and
   renamed, and the card is written last, so an interrupted build never looks built.
 * Quality gate at the end of every build: each target's held-out perplexity must be below its
-  draft's, and in the full set each target's greedy continuation of code prompts must look like
-  Python (an indented line plus one of ``self.``, ``return``, ``def``, ...). Failing raises
+  draft's, and in the full set each target's greedy continuations of ``CODE_PROMPTS`` must look
+  like Python (an indented line plus one of ``self.``, ``return``, ``def``, ...; stored in the card
+  as ``samples``). Drafts failing the Python check only log a warning. Failing raises
   ``ZooQualityError`` (the models stay cached for inspection).
 
-Measured on the 2-core development machine (2026-12, torch 2.13 CPU, nothing else running):
-see ``MEASURED`` below, filled in from real builds.
+Measured on the 2-core, 24 GiB development machine (torch 2.13 CPU, other jobs sharing the cores
+at times). Tiny set from scratch: 17 s CLI (33 s for the whole tests/test_zoo.py); cached rebuild
+0.1 s. Full set from scratch: 7 min 36 s wall (185% CPU, 1.1 GB peak RSS); an earlier, heavily
+contended run of a similar recipe took 10 min 18 s, so keep the budget margin. Per model (params,
+held-out ppl on the fixed windows of the set, build seconds incl. eval and samples):
+
+    zoo-mha         4.46M   67.43   160 s   (720 steps x 1024 tokens, 4.7k tok/s)
+    zoo-gqa         5.57M   77.86   172 s   (600 steps, 3.7k tok/s)
+    zoo-deep        9.92M   69.06   294 s   (640 steps, 2.3k tok/s)
+    zoo-mha-draft   0.95M   75.09    64 s   (400 steps, distilled)
+    zoo-gqa-draft   0.92M   82.91    68 s
+    zoo-deep-draft  1.21M   76.79    85 s
+    tiny-mha        0.14M   61.30     9 s   (vocab 512: not comparable with the full set)
+    tiny-gqa        0.13M   68.69     8 s
+    tiny-draft      0.03M  155.66     2 s
+
+zoo-deep is the larger, deeper model (the one with the cheapest draft relative to a step), but in
+this budget it sees fewer tokens, so its perplexity is no better than zoo-mha's. Two builds gave
+bit-identical weights. Greedy continuation of ``def __init__(self`` by zoo-gqa:
+``, self.\n    def __init__(self, self.get_loop, self.get_name(self, self.get_loop.get_loop...``;
+of ``import os\n\n\ndef main():``: a docstring quote, then
+``\n    def _init__(self):\n        return self.append(self, self.get_name(self, ...``. Python-shaped and repetitive: these are toys, fine for
+measuring inference mechanics (speed, memory, ppl deltas, draft agreement), not for their text.
+What moved quality most in this budget: isolating newlines in the tokenizer (before, models fell
+into endless newlines), dropping table-like stdlib files, weighting code 75%, batch 4 x 256.
 """
 
 from __future__ import annotations
@@ -70,7 +96,7 @@ log = logging.getLogger("trials.zoo")
 ZOO_ENV_VAR = "LLM_SWEEPS_ZOO_DIR"
 DEFAULT_ZOO_DIR = "~/.cache/llm-inference-sweeps/zoo"
 # Bump when training/eval code changes in a way that changes the weights or card numbers.
-ZOO_FORMAT_VERSION = 1
+ZOO_FORMAT_VERSION = 2
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN = "<|pad|>", "<|bos|>", "<|endoftext|>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)  # ids 0, 1, 2
@@ -290,7 +316,7 @@ def _fresh_tmp_folder(final: pathlib.Path) -> pathlib.Path:
 def build_tokenizer(set_name: str) -> pathlib.Path:
     """Train the set's byte-level BPE tokenizer and save it with the tokenized corpus."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     s = _check_set(set_name)
@@ -299,7 +325,13 @@ def build_tokenizer(set_name: str) -> pathlib.Path:
     log.info("tokenizer-%s: training byte-level BPE (vocab %d) on %.1f MB", set_name, s.vocab_size,
              corpus.total_bytes() / 1e6)
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Every newline is its own token; indentation and words follow as separate tokens. With plain
+    # GPT-2 splitting, "\n\n    " merges into one of many whitespace tokens, and an undertrained
+    # model that emits a lone "\n" falls into endless newlines.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=s.vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
