@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from sweeps.spaces import PROFILES, SPACES, default_models  # noqa: E402
+from sweeps.spaces import PROFILES, SPACES, default_models, run_order  # noqa: E402
 from trials.config import GROUPS, ConfigError, TrialConfig  # noqa: E402
 
 log = logging.getLogger("sweeps")
@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     ensure_zoo(all_configs)
     zoo_s = time.perf_counter() - phase
     tracking.prepare_store(uri)
-    to_run = [c for g, configs in trials.items() for c in configs if c.config_hash not in done.get(g, ())]
+    to_run = run_order([c for g, configs in trials.items() for c in configs
+                        if c.config_hash not in done.get(g, ())])
     skipped = Counter(c.group for c in all_configs if c not in to_run)
     sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     log.info("sweep %s: %d trials planned, %d to run, %d already finished (skipped)",

@@ -3,8 +3,9 @@
 A search space is a function ``(models, profile, device) -> list[TrialConfig]``. Spaces are explicit
 lists rather than Ray Tune samplers: every chart needs a specific grid, the plan can be printed
 before anything runs (``--dry-run``), and each config's hash can be checked against the store so
-that finished work is skipped. Configs are ordered by model and precision so that a worker's cached
-model serves consecutive trials.
+that finished work is skipped. ``run_order`` puts the biggest models first (longest trials first
+keeps workers busy until the end instead of leaving one straggler) and keeps a model's trials
+together so that a worker's cached model serves consecutive trials.
 
 Profiles size the workload: ``quick`` fits a 2-core CPU in minutes, ``full`` is for GPU clusters.
 """
@@ -30,7 +31,7 @@ class Profile:
 
 
 PROFILES = {
-    "quick": Profile("quick", prompts_per_type=2, max_new_tokens=48, repeats=3),
+    "quick": Profile("quick", prompts_per_type=4, max_new_tokens=128, repeats=3),
     "full": Profile("full", prompts_per_type=8, max_new_tokens=128, repeats=5),
 }
 
@@ -42,7 +43,7 @@ def default_models(device: str) -> list[str]:
 
 def baseline(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
     """Each target at full and half precision, batch 1: the reference every other group compares to."""
-    precisions = ["fp32", "bf16"] if device == "cpu" else ["bf16", "fp16", "fp32"]
+    precisions = ["bf16", "fp32"] if device == "cpu" else ["bf16", "fp16", "fp32"]
     return [TrialConfig(group="baseline", model=model, device=device,
                         stack=Stack(precision=precision), workload=profile.workload(),
                         repeats=profile.repeats)
@@ -53,3 +54,22 @@ def baseline(models: list[str], profile: Profile, device: str) -> list[TrialConf
 SPACES: dict[str, Callable[[list[str], Profile, str], list[TrialConfig]]] = {
     "baseline": baseline,
 }
+
+
+def _parameters(model: str) -> int:
+    """Parameter count from the zoo's model card; 0 where unknown without loading (hub models)."""
+    entry = get_model(model)
+    if entry.source != "zoo":
+        return 0
+    from trials import zoo
+
+    try:
+        return int(zoo.load_card(entry.location)["parameters"])
+    except (FileNotFoundError, KeyError):
+        return 0
+
+
+def run_order(configs: list[TrialConfig]) -> list[TrialConfig]:
+    """Biggest models first (stable: a model's trials stay in their space's order, together)."""
+    sizes = {model: _parameters(model) for model in {c.model for c in configs}}
+    return sorted(configs, key=lambda c: -sizes[c.model])
