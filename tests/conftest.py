@@ -1,6 +1,15 @@
 """Shared pytest fixtures."""
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
+import requests
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +23,31 @@ def tiny_zoo():
 
     zoo.build("tiny")
     return zoo.zoo_dir()
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_uri: str, artifacts: Path):
+    """A real `mlflow server` on a free loopback port; yields its URL, stops it afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
+         "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not become healthy in 90 s")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -4,25 +4,16 @@ A cluster run differs from a local one in two ways that can break: the driver jo
 cluster (--address), and workers on other nodes must reach the store, so it must be a server.
 """
 
-import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
 
 import tracking
+from conftest import mlflow_server
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -39,44 +30,24 @@ def two_node_cluster():
 
 
 @pytest.fixture
-def mlflow_server(tmp_path):
-    port = _free_port()
-    uri = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
-         "--artifacts-destination", str(tmp_path / "mlartifacts"), "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if requests.get(f"{uri}/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                time.sleep(0.5)
-        else:
-            pytest.fail("mlflow server did not become healthy in 90 s")
-        yield uri
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+def server(tmp_path):
+    with mlflow_server(f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "mlartifacts") as url:
+        yield url
 
 
-def test_sweep_on_a_two_node_cluster_logs_to_a_server_cpu(tiny_zoo, two_node_cluster, mlflow_server, tmp_path):
+def test_sweep_on_a_two_node_cluster_logs_to_a_server_cpu(tiny_zoo, two_node_cluster, server, tmp_path):
     sweep = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--address", two_node_cluster.address,
              "--groups", "baseline", "--models", "tiny-gqa,tiny-mha"]
     local_file = subprocess.run([*sweep, "--tracking-uri", f"sqlite:///{tmp_path}/local.db"],
                                 capture_output=True, text=True, timeout=300)
     assert local_file.returncode == 2 and "needs a tracking server" in local_file.stderr
 
-    out = subprocess.run([*sweep, "--tracking-uri", mlflow_server], capture_output=True, text=True,
+    out = subprocess.run([*sweep, "--tracking-uri", server], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "4 finished, 0 failed, 0 skipped" in out.stdout
-    frame = tracking.runs_frame(mlflow_server, "baseline")
+    frame = tracking.runs_frame(server, "baseline")
     assert len(frame) == 4 and (frame["tok_per_s"] > 0).all()
     assert frame["tags.ray.node_id"].nunique() == 2, "both nodes should have run trials"
-    raw = tracking.read_trial_artifact(mlflow_server, frame["run_id"].iloc[0])
+    raw = tracking.read_trial_artifact(server, frame["run_id"].iloc[0])
     assert raw["raw"]["outputs"], "artifacts travel through the server"

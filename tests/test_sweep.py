@@ -1,16 +1,15 @@
 """The main job end to end: real Ray Tune (local), a real sqlite MLflow store, the real CLI."""
 
 import hashlib
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
 import tracking
+from conftest import mlflow_server
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = "tiny-mha,tiny-gqa"
@@ -89,26 +88,11 @@ def test_bad_input_is_one_line_and_touches_nothing_cpu(swept_store, args, needle
 def test_mlflow_server_shows_the_same_runs_cpu(swept_store, tmp_path):
     """What the MLflow UI shows comes from `mlflow server` on the same store: the same runs."""
     uri, _, _ = swept_store
-    port = 5123
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                if requests.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                time.sleep(0.5)
+    with mlflow_server(uri, tmp_path / "artifacts") as base:
         experiment = requests.get(f"{base}/api/2.0/mlflow/experiments/get-by-name",
                                   params={"experiment_name": "baseline"}, timeout=10).json()
         runs = requests.post(f"{base}/api/2.0/mlflow/runs/search", timeout=10,
                              json={"experiment_ids": [experiment["experiment"]["experiment_id"]]}).json()
         served = {r["info"]["run_id"] for r in runs["runs"]}
         assert served == set(tracking.runs_frame(uri, "baseline", status=None)["run_id"])
-        assert set(tracking.runs_frame(f"{base}", "baseline")["run_id"]) == served
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        assert set(tracking.runs_frame(base, "baseline")["run_id"]) == served
