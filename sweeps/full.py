@@ -125,17 +125,22 @@ def plan(args: argparse.Namespace, device: str) -> dict[str, list[TrialConfig]]:
     return {group: SPACES[group](models, profile, device) for group in args.groups}
 
 
+def _finished(config: TrialConfig, done: dict[str, set[str]]) -> bool:
+    """Whether the store already holds a FINISHED run of this exact config."""
+    return config.config_hash in done.get(config.group, ())
+
+
 def print_plan(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]]) -> None:
     print(f"{'group':<14}{'model':<24}{'trials':>7}{'to skip':>9}")
     for group, configs in trials.items():
         per_model = Counter(c.model for c in configs)
-        skipped = Counter(c.model for c in configs if c.config_hash in done.get(group, ()))
+        skipped = Counter(c.model for c in configs if _finished(c, done))
         for model, count in per_model.items():
             print(f"{group:<14}{model:<24}{count:>7}{skipped[model]:>9}")
         if not configs:
             print(f"{group:<14}{'(none)':<24}{0:>7}{0:>9}")
     total = sum(len(c) for c in trials.values())
-    to_skip = sum(c.config_hash in done.get(g, ()) for g, cs in trials.items() for c in cs)
+    to_skip = sum(_finished(c, done) for cs in trials.values() for c in cs)
     print(f"total: {total} trials, {to_skip} already finished")
 
 
@@ -221,9 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ensure_zoo(all_configs)
     zoo_s = time.perf_counter() - phase
     tracking.prepare_store(uri)
-    to_run = run_order([c for g, configs in trials.items() for c in configs
-                        if c.config_hash not in done.get(g, ())])
-    skipped = Counter(c.group for c in all_configs if c not in to_run)
+    to_run = run_order([c for c in all_configs if not _finished(c, done)])
+    skipped = Counter(c.group for c in all_configs if _finished(c, done))
     sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     log.info("sweep %s: %d trials planned, %d to run, %d already finished (skipped)",
              sweep_id, len(all_configs), len(to_run), sum(skipped.values()))
@@ -285,9 +289,8 @@ def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s) -> No
         print(f"  {group:<14} finished {f:>3}  failed {x:>3}  skipped {skipped.get(group, 0):>3}")
     for o in failed:
         print(f"  FAILED {o.get('group')} {o.get('model')} {o.get('stack')}: {o.get('error')}")
-    mlflow_uri = uri
     print("\nLook at the runs:")
-    print(f"  MLflow UI:  mlflow ui --backend-store-uri {mlflow_uri} --host 127.0.0.1 --port 5000"
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
           if uri.startswith("sqlite") else f"  MLflow UI:  {uri}")
     print(f"  Dashboard:  python dashboard/app.py --tracking-uri {uri}   (http://127.0.0.1:8050)")
 

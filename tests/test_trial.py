@@ -9,7 +9,7 @@ import torch
 
 from trials import zoo
 from trials.config import ConfigError, Stack, TrialConfig, Workload
-from trials.measure import kv_bytes_exact
+from trials.kv_footprint import kv_footprint
 from trials.run import run_trial
 
 
@@ -54,7 +54,7 @@ def test_kv_formula_handles_explicit_head_dim_cpu():
 
     config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                          num_hidden_layers=3)
-    assert kv_bytes_exact(config, tokens=10, batch=2, bytes_per_element=2) == 2 * 3 * 2 * 32 * 10 * 2 * 2
+    assert kv_footprint(config).total_bytes(context=10, batch=2, bits=16) == 2 * 3 * 2 * 32 * 10 * 2 * 2
 
 
 def test_model_is_loaded_once_per_worker_cpu(tiny_zoo):

@@ -217,10 +217,3 @@ def _tensors_in(obj) -> Iterator[torch.Tensor]:
 def kv_cache_bytes(cache) -> int:
     return tensor_bytes(cache_tensors(cache))
 
-
-def kv_bytes_exact(config, tokens: int, batch: int = 1, bytes_per_element: int = 2) -> int:
-    """Full-precision KV bytes from the architecture: 2 (K and V) x layers x kv heads x head dim."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * tokens * batch * bytes_per_element

@@ -18,7 +18,7 @@ import logging
 import time
 from collections import OrderedDict
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -54,7 +54,7 @@ def load(name: str, precision: str, device: str) -> LoadedModel:
     if key in _CACHE:
         _CACHE.move_to_end(key)
         hit = _CACHE[key]
-        return LoadedModel(**{**hit.__dict__, "from_cache": True})
+        return replace(hit, from_cache=True)
     while len(_CACHE) >= _cache_size():
         _CACHE.popitem(last=False)
         if device == "cuda":

@@ -35,8 +35,8 @@ import torch
 from trials import models
 from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
 from trials.environment import environment_tags
-from trials.measure import (TokenTimer, kv_bytes_exact, kv_cache_bytes, model_weights_bytes,
-                            track_peak_memory)
+from trials.kv_footprint import KVFootprintError, kv_footprint
+from trials.measure import TokenTimer, kv_cache_bytes, model_weights_bytes, track_peak_memory
 from trials.prompts import Prompt, workload_prompts
 
 log = logging.getLogger(__name__)
@@ -104,15 +104,29 @@ def _spread(values: list[float], name: str) -> dict[str, float]:
     return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
 
 
+def _kv_bytes_exact(model: torch.nn.Module, record: BatchRecord) -> tuple[int | None, str]:
+    """The architecture's KV bytes for the cache ``record`` ended with, or None and why not.
+
+    MLA is counted ``expanded``: that is what transformers' cache holds, and it is what we measure.
+    """
+    bits = torch.finfo(next(model.parameters()).dtype).bits
+    try:
+        footprint = kv_footprint(model.config, mla="expanded")
+        return footprint.total_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits), ""
+    except KVFootprintError as exc:
+        return None, str(exc)
+
+
 def _summarize(config: TrialConfig, loaded: models.LoadedModel,
-               repeats: list[list[BatchRecord]], added_peak_bytes: int) -> dict[str, float]:
+               repeats: list[list[BatchRecord]], added_peak_bytes: int) -> tuple[dict[str, float], dict[str, str]]:
+    """The trial's metrics, and tags that explain any predicted value it could not compute."""
     batch_size = config.stack.batch_size
     throughput = [sum(b.decode_tokens * len(b.prompt_ids) for b in rep) / sum(b.decode_s for b in rep)
                   for rep in repeats]
     records = [b for rep in repeats for b in rep]
     weights = model_weights_bytes(loaded.model)
     biggest = max(repeats[0], key=lambda b: b.kv_cache_tokens)
-    cache_dtype_bytes = torch.finfo(next(loaded.model.parameters()).dtype).bits // 8
+    kv_exact, kv_exact_missing = _kv_bytes_exact(loaded.model, biggest)
     metrics = {
         **_spread(throughput, "tok_per_s"),
         **_spread([b.ttft_s for b in records], "ttft_s"),
@@ -122,14 +136,14 @@ def _summarize(config: TrialConfig, loaded: models.LoadedModel,
         "num_parameters": sum(p.numel() for p in loaded.model.parameters()),
         "peak_memory_bytes": weights + added_peak_bytes,
         "kv_cache_bytes": biggest.kv_cache_bytes,
-        "kv_cache_bytes_exact": kv_bytes_exact(loaded.model.config, biggest.kv_cache_tokens,
-                                               len(biggest.prompt_ids), cache_dtype_bytes),
         "kv_cache_tokens": biggest.kv_cache_tokens,
         "prompt_tokens_mean": statistics.mean(b.prompt_tokens for b in repeats[0]),
         "new_tokens_per_prompt": config.workload.max_new_tokens,
         "num_prompts": sum(len(b.prompt_ids) for b in repeats[0]),
     }
-    return metrics
+    if kv_exact is None:
+        return metrics, {"kv_cache_bytes_exact_missing": kv_exact_missing}
+    return {**metrics, "kv_cache_bytes_exact": kv_exact}, {}
 
 
 def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
@@ -156,12 +170,12 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
                        for _ in range(config.repeats)]
     measured_s = time.perf_counter() - started
 
-    metrics = _summarize(config, loaded, repeats, peak.added_bytes)
+    metrics, notes = _summarize(config, loaded, repeats, peak.added_bytes)
     metrics.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
                    model_from_cache=float(loaded.from_cache), warmup_s=warmup_s,
                    measured_s=measured_s, num_threads=float(torch.get_num_threads()))
     tags = {**environment_tags(config.device, runtime.git_sha if runtime.git_sha != "unknown" else None),
-            "memory_method": peak.method}
+            "memory_method": peak.method, **notes}
     raw = {
         "repeats": [[{k: v for k, v in b.__dict__.items() if k not in ("output_ids", "texts")}
                      for b in rep] for rep in repeats],

@@ -82,6 +82,15 @@ def precision_order(values) -> list[str]:
     return known + sorted(set(values) - set(known))
 
 
+def spread_error_bars(part: pd.DataFrame, y: str, ys: list[float]) -> dict | None:
+    """Asymmetric error bars from the ``<y>_min``/``<y>_max`` spread columns, when the runs have them."""
+    if not {f"{y}_min", f"{y}_max"} <= set(part.columns):
+        return None
+    return dict(type="data", symmetric=False,
+                array=[max(0.0, float(hi) - m) for hi, m in zip(part[f"{y}_max"], ys)],
+                arrayminus=[max(0.0, m - float(lo)) for lo, m in zip(part[f"{y}_min"], ys)])
+
+
 def grouped_bars(rows: pd.DataFrame, x: str, series: str, y: str, series_order: list,
                  title: str, y_title: str, series_label=str) -> go.Figure:
     """Bars of ``y`` per ``x``, one trace per ``series`` value; error bars from ``y_min``/``y_max``."""
@@ -89,11 +98,7 @@ def grouped_bars(rows: pd.DataFrame, x: str, series: str, y: str, series_order: 
     for value in series_order:
         part = rows[rows[series] == value].assign(_x=lambda f: f[x].astype(str)).sort_values("_x")
         ys = [float(v) for v in part[y]]
-        error_y = None
-        if {f"{y}_min", f"{y}_max"} <= set(part.columns):
-            error_y = dict(type="data", symmetric=False,
-                           array=[max(0.0, float(hi) - m) for hi, m in zip(part[f"{y}_max"], ys)],
-                           arrayminus=[max(0.0, m - float(lo)) for lo, m in zip(part[f"{y}_min"], ys)])
+        error_y = spread_error_bars(part, y, ys)
         figure.add_trace(go.Bar(
             name=series_label(value), x=list(part["_x"]), y=ys, error_y=error_y,
             customdata=provenance(part),
@@ -127,11 +132,7 @@ def points(rows: pd.DataFrame, x: str, y: str, series: str, series_order: list, 
     for value in series_order:
         part = rows[rows[series] == value].sort_values(x)
         ys = [float(v) for v in part[y]]
-        error_y = None
-        if {f"{y}_min", f"{y}_max"} <= set(part.columns):
-            error_y = dict(type="data", symmetric=False,
-                           array=[max(0.0, float(hi) - m) for hi, m in zip(part[f"{y}_max"], ys)],
-                           arrayminus=[max(0.0, m - float(lo)) for lo, m in zip(part[f"{y}_min"], ys)])
+        error_y = spread_error_bars(part, y, ys)
         label = "" if "model" not in part.columns else "%{text}<br>"
         figure.add_trace(go.Scatter(
             name=str(value), x=[float(v) for v in part[x]], y=ys, mode=mode, error_y=error_y,
