@@ -62,12 +62,43 @@ def render_section(section, uri: str) -> html.Section:
                       else "Finished runs exist but lack the columns this chart needs.")
             body = [empty_state(section.GROUP, reason)]
         else:
-            body = [dcc.Graph(id=cid, figure=fig, config={"displaylogo": False}) for cid, fig in charts]
+            body = _graphs(charts)
             text = section.caption(frame) if hasattr(section, "caption") else ""
             if text:
                 body.append(html.P(text, id=f"{section.GROUP}-caption", style=MUTED))
+            body += deep_dive(section, frame)
     return html.Section(header + body, id=f"section-{section.GROUP}",
                         style={"marginBottom": "2.5em"})
+
+
+def _graphs(charts) -> list:
+    return [dcc.Graph(id=cid, figure=fig, config={"displaylogo": False}) for cid, fig in charts]
+
+
+def _deep_dive_models(section, frame) -> list[str]:
+    if hasattr(section, "deep_dive_models"):
+        return list(section.deep_dive_models(frame))
+    return sorted(frame["model"].dropna().unique()) if "model" in frame.columns else []
+
+
+def deep_dive(section, frame) -> list:
+    """A section's per-model charts under a model selector (``{group}-model``), if it has them.
+
+    A section opts in by defining ``deep_dive(frame, model) -> [(id, figure)]`` (and optionally
+    ``DEEP_DIVE_TITLE`` and ``deep_dive_models(frame)``); the selector re-draws only these charts.
+    """
+    if not hasattr(section, "deep_dive"):
+        return []
+    choices = _deep_dive_models(section, frame)
+    if not choices:
+        return []
+    group = section.GROUP
+    return [
+        html.H3(getattr(section, "DEEP_DIVE_TITLE", "Per-model deep dive")),
+        html.Label(["Model: ", dcc.Dropdown(id=f"{group}-model", options=choices, value=choices[0],
+                                            clearable=False, style={"width": "20em"})]),
+        html.Div(_graphs(section.deep_dive(frame, choices[0])), id=f"{group}-deep-dive"),
+    ]
 
 
 def render_sections(uri: str) -> list:
@@ -77,7 +108,8 @@ def render_sections(uri: str) -> list:
 
 
 def create_app(tracking_uri: str) -> dash.Dash:
-    app = dash.Dash(__name__, title=PAGE_TITLE)
+    # Deep-dive selectors live inside re-rendered sections, so they are not always in the layout.
+    app = dash.Dash(__name__, title=PAGE_TITLE, suppress_callback_exceptions=True)
 
     def layout() -> html.Div:
         return html.Div([
@@ -96,7 +128,17 @@ def create_app(tracking_uri: str) -> dash.Dash:
     def reload(_clicks):
         return render_sections(tracking_uri)
 
+    for section in SECTIONS:
+        if hasattr(section, "deep_dive"):
+            _register_deep_dive(app, section, tracking_uri)
     return app
+
+
+def _register_deep_dive(app: dash.Dash, section, uri: str) -> None:
+    @app.callback(Output(f"{section.GROUP}-deep-dive", "children"),
+                  Input(f"{section.GROUP}-model", "value"), prevent_initial_call=True)
+    def redraw(model):
+        return _graphs(section.deep_dive(tracking.runs_frame(uri, section.GROUP), model))
 
 
 def main(argv: list[str] | None = None) -> int:

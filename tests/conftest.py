@@ -51,3 +51,14 @@ def mlflow_server(backend_uri: str, artifacts: Path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Chromium (see tests/ui.py); skips where Debian chromium is not installed."""
+    import ui
+
+    if not (os.path.exists(ui.CHROMIUM) and os.path.exists(ui.CHROMEDRIVER)):
+        pytest.skip("needs Debian chromium and chromium-driver")
+    with ui.chromium(tmp_path / "chrome-profile") as driver:
+        yield driver

@@ -10,15 +10,8 @@ fills them.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
@@ -27,104 +20,11 @@ from dashboard.sections import SECTIONS
 from sweeps.spaces import SPACES
 from trials.config import GROUPS, Stack, TrialConfig, Workload
 
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
+from ui import APP, RENDER_TIMEOUT_S, needs_browser, serve  # noqa: E402
+from ui import figure as _figure, text as _text  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "dashboard" / "app.py"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-STARTUP_TIMEOUT_S = 90
-RENDER_TIMEOUT_S = 60
-
-needs_browser = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-                                   reason="needs Debian chromium and chromium-driver")
-
-# The figure of one dcc.Graph as plain JSON (typed arrays become lists), or null until plotted.
-READ_FIGURE_JS = """
-const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
-if (!gd || !gd.data || !gd._fullLayout) return null;
-const list = (v) => (v == null ? null : Array.from(v));
-return JSON.stringify({
-  traces: gd.data.map(t => ({name: t.name, type: t.type, x: list(t.x), y: list(t.y),
-                             customdata: list(t.customdata)})),
-  bars_drawn: gd.querySelectorAll('.barlayer .point').length,
-});
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serve(uri: str, workdir: Path):
-    """Run the dashboard as a user would, from a folder other than the repo; stop it afterwards."""
-    port = _free_port()
-    log_path = workdir / "dashboard.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(APP), "--tracking-uri", uri, "--port", str(port)],
-                                cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"dashboard exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"dashboard did not answer within {STARTUP_TIMEOUT_S} s:\n"
-                            f"{log_path.read_text()}")
-            time.sleep(0.25)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-@pytest.fixture
-def browser(tmp_path):
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1280,2400",
-                 f"--user-data-dir={tmp_path / 'chrome-profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(RENDER_TIMEOUT_S)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def _figure(driver, graph_id: str) -> dict:
-    """Wait until the graph has plotted its bars, then return its figure."""
-    def plotted(d):
-        raw = d.execute_script(READ_FIGURE_JS, graph_id)
-        figure = raw and json.loads(raw)
-        return figure if figure and figure["bars_drawn"] else False
-
-    return WebDriverWait(driver, RENDER_TIMEOUT_S).until(plotted)
-
-
-def _text(driver, element_id: str) -> str:
-    return WebDriverWait(driver, RENDER_TIMEOUT_S).until(
-        lambda d: d.find_element(By.ID, element_id)).text
 
 
 def _expected_bars(uri: str) -> dict[tuple[str, str], tuple[float, str]]:

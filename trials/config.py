@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 GROUPS = ("baseline", "speculative", "kv_cache", "batching", "quantization", "stacks")
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
 KV_BITS = (16, 8, 4, 2)
+KV_BACKENDS = ("none", "hqq", "quanto")      # transformers' QuantizedCache backends
 SPECULATION = ("none", "draft", "prompt_lookup")
 DEVICES = ("cpu", "cuda")
 
@@ -37,6 +38,9 @@ class Stack:
 
     precision: str = "fp32"
     kv_bits: int = 16
+    kv_backend: str = "none"          # "hqq" | "quanto" when kv_bits < 16
+    kv_group_size: int = 64           # quantization group size of the KV cache
+    kv_residual_length: int = 128     # most recent tokens kept in full precision
     speculation: str = "none"
     draft_model: str | None = None
     num_draft_tokens: int = 0
@@ -47,6 +51,15 @@ class Stack:
                f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
         _check(self.kv_bits in KV_BITS,
                f"unknown kv_bits {self.kv_bits!r}; valid: {', '.join(map(str, KV_BITS))}")
+        _check(self.kv_backend in KV_BACKENDS,
+               f"unknown kv_backend {self.kv_backend!r}; valid: {', '.join(KV_BACKENDS)}")
+        _check((self.kv_bits == 16) == (self.kv_backend == "none"),
+               "a quantized KV cache (kv_bits < 16) needs kv_backend 'hqq' or 'quanto', "
+               "and kv_bits 16 needs kv_backend 'none'")
+        _check(isinstance(self.kv_group_size, int) and self.kv_group_size >= 1,
+               f"kv_group_size must be an integer >= 1, got {self.kv_group_size!r}")
+        _check(isinstance(self.kv_residual_length, int) and self.kv_residual_length >= 0,
+               f"kv_residual_length must be an integer >= 0, got {self.kv_residual_length!r}")
         _check(self.speculation in SPECULATION,
                f"unknown speculation {self.speculation!r}; valid: {', '.join(SPECULATION)}")
         _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
@@ -68,7 +81,7 @@ class Stack:
         """Short human name of the stack, e.g. ``bf16`` or ``bf16+kv4+draft(k=4)+b8``."""
         parts = [self.precision]
         if self.kv_bits != 16:
-            parts.append(f"kv{self.kv_bits}")
+            parts.append(f"kv{self.kv_bits}-{self.kv_backend}")
         if self.speculation == "draft":
             parts.append(f"draft(k={self.num_draft_tokens})")
         elif self.speculation == "prompt_lookup":
@@ -85,6 +98,7 @@ class Workload:
     prompt_set: str = "mixed"
     prompts_per_type: int = 2
     max_new_tokens: int = 64
+    context_tokens: int = 0           # 0: prompts as written; N: each prompt extended to N tokens
 
     def validate(self) -> None:
         from trials.prompts import PROMPT_SETS
@@ -95,6 +109,8 @@ class Workload:
                f"prompts_per_type must be an integer >= 1, got {self.prompts_per_type!r}")
         _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 2,
                f"max_new_tokens must be an integer >= 2, got {self.max_new_tokens!r}")
+        _check(isinstance(self.context_tokens, int) and self.context_tokens >= 0,
+               f"context_tokens must be an integer >= 0, got {self.context_tokens!r}")
 
 
 @dataclass(frozen=True)
@@ -125,8 +141,15 @@ class TrialConfig:
 
     @property
     def config_hash(self) -> str:
-        """Stable across processes and sessions: sha256 of the canonical JSON, 16 hex digits."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Stable across processes and sessions: sha256 of the canonical JSON, 16 hex digits.
+
+        Stack and workload fields at their default value are left out, so adding a field (with a
+        default that keeps the old behaviour) does not change the hash of existing configs.
+        """
+        data = self.to_dict()
+        for name, default in (("stack", Stack()), ("workload", Workload())):
+            data[name] = {k: v for k, v in data[name].items() if v != getattr(default, k)}
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:

@@ -5,8 +5,11 @@
     -> medians and spread over repeats, peak memory, real weight and KV-cache bytes
 
 Every optimization changes only how the model is loaded (``models.load``) or which arguments
-``generate()`` gets; the timing, counting and memory code below is shared by all of them, so numbers
-of different optimizations are comparable. Generation is greedy with ``min_new_tokens`` equal to
+``generate()`` gets (``generation_kwargs``); the timing, counting and memory code below is shared by
+all of them, so numbers of different optimizations are comparable. A chart group that needs more than
+the loop (a reference run to compare outputs with, acceptance counters, perplexity) has a runner in
+``GROUP_RUNNERS`` that composes the same pieces: ``models.load`` -> ``measure`` -> ``compare_outputs``
+-> ``finish``. Generation is greedy with ``min_new_tokens`` equal to
 ``max_new_tokens``: every configuration produces the same number of tokens, and outputs of two
 configurations can be compared token for token.
 
@@ -21,6 +24,8 @@ The last line printed is the result as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
 import random
@@ -36,7 +41,8 @@ from trials import models
 from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
 from trials.environment import environment_tags
 from trials.kv_footprint import KVFootprintError, kv_footprint
-from trials.measure import TokenTimer, kv_cache_bytes, model_weights_bytes, track_peak_memory
+from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
+                            track_peak_memory)
 from trials.prompts import Prompt, workload_prompts
 
 log = logging.getLogger(__name__)
@@ -80,13 +86,13 @@ def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
 
 
 def _generate(loaded: models.LoadedModel, batch: list[Prompt], new_tokens: int,
-              timer: TokenTimer) -> BatchRecord:
+              timer: TokenTimer, generate_kwargs: dict) -> BatchRecord:
     tokenizer, model = loaded.tokenizer, loaded.model
     inputs = tokenizer([p.text for p in batch], return_tensors="pt", padding=True).to(loaded.device)
     timer.reset()
     out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                          do_sample=False, streamer=timer, return_dict_in_generate=True,
-                         pad_token_id=tokenizer.pad_token_id)
+                         pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
     prompt_len = inputs["input_ids"].shape[1]
     generated = out.sequences[:, prompt_len:]
     cache = out.cache
@@ -146,43 +152,136 @@ def _summarize(config: TrialConfig, loaded: models.LoadedModel,
     return {**metrics, "kv_cache_bytes_exact": kv_exact}, {}
 
 
-def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
-    """Run one trial and return its measurements; raises on failure (the caller records it)."""
-    if config.stack != Stack(precision=config.stack.precision, batch_size=config.stack.batch_size):
-        raise ConfigError(f"stack {config.stack.label} needs an optimization this version does not "
-                          "implement yet (only precision and batch size)")
-    if runtime.num_threads and config.device == "cpu":
-        torch.set_num_threads(runtime.num_threads)
-    random.seed(config.seed)
-    torch.manual_seed(config.seed)
+@dataclass
+class Measured:
+    """What the loop recorded for one stack on one prompt list."""
 
-    loaded = models.load(config.model, config.stack.precision, config.device)
-    prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
-    batches = _batches(prompts, config.stack.batch_size)
+    repeats: list[list[BatchRecord]]    # repeats x batches
+    warmup_s: float
+    measured_s: float
+    peak: PeakMemory
+
+    def outputs(self) -> dict[str, list[int]]:
+        """prompt id -> generated token ids (first repeat; greedy, so every repeat is the same)."""
+        return {pid: ids for b in self.repeats[0] for pid, ids in zip(b.prompt_ids, b.output_ids)}
+
+
+def generation_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
+    """What the stack adds to ``generate()`` beyond greedy decoding: each optimization's own module
+    says how it changes generation; precision is handled when loading (``models.load``)."""
+    stack = config.stack
+    kwargs: dict = {}
+    if stack.kv_bits != 16:
+        raise ConfigError(f"stack {stack.label}: quantized KV cache is not implemented yet")
+    if stack.speculation != "none":
+        raise ConfigError(f"stack {stack.label}: speculative decoding is not implemented yet")
+    return kwargs
+
+
+def measure(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt], *,
+            batch_size: int | None = None, repeats: int | None = None,
+            generate_kwargs: dict | None = None, probe=None) -> Measured:
+    """THE loop: warm up every batch shape, then ``repeats`` timed passes over all prompts.
+
+    ``probe`` is an optional context manager entered around the timed passes only (e.g. counters of
+    target and draft forward passes), so that warm-up never pollutes what it counts.
+    """
+    batches = _batches(prompts, batch_size or config.stack.batch_size)
+    kwargs = generation_kwargs(config, loaded) if generate_kwargs is None else generate_kwargs
     timer = TokenTimer()
     started = time.perf_counter()
     with torch.inference_mode():
         for batch in batches:  # every prompt shape once: lazy init and per-shape kernel choice
-            _generate(loaded, batch, WARMUP_TOKENS, timer)
+            _generate(loaded, batch, WARMUP_TOKENS, timer, kwargs)
         warmup_s = time.perf_counter() - started
-        with track_peak_memory(config.device) as peak:
-            repeats = [[_generate(loaded, b, config.workload.max_new_tokens, timer) for b in batches]
-                       for _ in range(config.repeats)]
-    measured_s = time.perf_counter() - started
+        with track_peak_memory(config.device) as peak, probe or contextlib.nullcontext():
+            records = [[_generate(loaded, b, config.workload.max_new_tokens, timer, kwargs)
+                        for b in batches] for _ in range(repeats or config.repeats)]
+    return Measured(records, warmup_s, time.perf_counter() - started, peak)
 
-    metrics, notes = _summarize(config, loaded, repeats, peak.added_bytes)
-    metrics.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
-                   model_from_cache=float(loaded.from_cache), warmup_s=warmup_s,
-                   measured_s=measured_s, num_threads=float(torch.get_num_threads()))
-    tags = {**environment_tags(config.device, runtime.git_sha if runtime.git_sha != "unknown" else None),
-            "memory_method": peak.method, **notes}
-    raw = {
+
+def compare_outputs(outputs: dict[str, list[int]], reference: dict[str, list[int]]) -> dict[str, float]:
+    """Greedy outputs against a reference run of the same prompts, token for token.
+
+    ``fidelity_token_match``: share of generated tokens equal to the reference's at the same position.
+    ``first_divergence_token``: the earliest position (over prompts) where any output differs from
+    its reference, or the output length when none does; ``..._mean`` averages that per prompt.
+    ``lossless``: 1 when every output equals its reference exactly.
+    """
+    same = total = 0
+    divergences = []
+    for pid, ref in reference.items():
+        out = outputs[pid]
+        length = max(len(out), len(ref))
+        matches = [a == b for a, b in zip(out, ref)]
+        same += sum(matches)
+        total += length
+        divergences.append(matches.index(False) if False in matches else min(len(out), len(ref)))
+    return {"fidelity_token_match": same / total if total else 1.0,
+            "first_divergence_token": float(min(divergences)),
+            "first_divergence_token_mean": statistics.mean(divergences),
+            "lossless": float(all(outputs[pid] == ref for pid, ref in reference.items()))}
+
+
+def finish(config: TrialConfig, runtime: Runtime, loaded: models.LoadedModel, measured: Measured,
+           metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+           raw: dict | None = None) -> TrialResult:
+    """The trial's result: the loop's summary plus what the group measured on top."""
+    summary, notes = _summarize(config, loaded, measured.repeats, measured.peak.added_bytes)
+    summary.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
+                   model_from_cache=float(loaded.from_cache), warmup_s=measured.warmup_s,
+                   measured_s=measured.measured_s, num_threads=float(torch.get_num_threads()))
+    summary.update(metrics or {})
+    all_tags = {**environment_tags(config.device,
+                                   runtime.git_sha if runtime.git_sha != "unknown" else None),
+                "memory_method": measured.peak.method, **notes, **(tags or {})}
+    all_raw = {
         "repeats": [[{k: v for k, v in b.__dict__.items() if k not in ("output_ids", "texts")}
-                     for b in rep] for rep in repeats],
+                     for b in rep] for rep in measured.repeats],
         "outputs": [{"prompt_id": pid, "text": text, "token_ids": ids}
-                    for b in repeats[0] for pid, text, ids in zip(b.prompt_ids, b.texts, b.output_ids)],
+                    for b in measured.repeats[0]
+                    for pid, text, ids in zip(b.prompt_ids, b.texts, b.output_ids)],
+        **(raw or {}),
     }
-    return TrialResult(config, "FINISHED", metrics, tags, raw)
+    return TrialResult(config, "FINISHED", summary, all_tags, all_raw)
+
+
+def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Prompt]:
+    """The workload's prompts, in a fixed order (the same for every stack of a model)."""
+    if config.workload.context_tokens:
+        raise ConfigError("workload.context_tokens is not implemented yet")
+    return workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
+
+
+def run_plain(config: TrialConfig, runtime: Runtime) -> TrialResult:
+    """A trial with nothing to compare against: load, measure, summarize (the baseline group)."""
+    loaded = models.load(config.model, config.stack.precision, config.device)
+    prompts = trial_prompts(config, loaded)
+    return finish(config, runtime, loaded, measure(config, loaded, prompts))
+
+
+# group -> "module:function" running that group's trials; a group not listed runs ``run_plain``.
+# Each runner composes the pieces above (load, measure, compare_outputs, finish) and adds its own
+# measurements, so every group's numbers come from the same loop.
+GROUP_RUNNERS: dict[str, str] = {
+}
+
+
+def _runner(group: str):
+    target = GROUP_RUNNERS.get(group)
+    if target is None:
+        return run_plain
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
+    """Run one trial and return its measurements; raises on failure (the caller records it)."""
+    if runtime.num_threads and config.device == "cpu":
+        torch.set_num_threads(runtime.num_threads)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    return _runner(config.group)(config, runtime)
 
 
 def failed_result(config: TrialConfig, exc: BaseException) -> TrialResult:

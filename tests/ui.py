@@ -1,0 +1,138 @@
+"""Browser-test helpers shared by every dashboard test: serve the real app, read what Plotly drew.
+
+The app runs as a user runs it (``python dashboard/app.py`` in a subprocess, from another folder);
+the page is read in headless Debian Chromium through selenium. ``figure`` returns a graph's data as
+the browser holds it, once something is drawn, so tests compare what was plotted with the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "dashboard" / "app.py"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+STARTUP_TIMEOUT_S = 90
+RENDER_TIMEOUT_S = 60
+
+needs_browser = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+                                   reason="needs Debian chromium and chromium-driver")
+
+# The figure of one dcc.Graph as plain JSON (typed arrays become lists), or null until plotted.
+# points_drawn counts bar and marker elements in the SVG; lines_drawn counts drawn line paths.
+READ_FIGURE_JS = """
+const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+if (!gd || !gd.data || !gd._fullLayout) return null;
+const list = (v) => (v == null ? null : Array.from(v));
+return JSON.stringify({
+  traces: gd.data.map(t => ({name: t.name, type: t.type || 'scatter', mode: t.mode,
+                             x: list(t.x), y: list(t.y), customdata: list(t.customdata),
+                             line: t.line || null})),
+  shapes: (gd.layout.shapes || []).length,
+  annotations: (gd.layout.annotations || []).map(a => a.text),
+  bars_drawn: gd.querySelectorAll('.barlayer .point').length,
+  points_drawn: gd.querySelectorAll('.barlayer .point, .scatterlayer .point').length,
+  lines_drawn: Array.from(gd.querySelectorAll('.scatterlayer .js-line'))
+                 .filter(p => (p.getAttribute('d') || '').length > 1).length,
+});
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(uri: str, workdir: Path):
+    """Run the dashboard as a user would, from a folder other than the repo; stop it afterwards."""
+    port = free_port()
+    log_path = workdir / "dashboard.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(APP), "--tracking-uri", uri, "--port", str(port)],
+                                cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"dashboard exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"dashboard did not answer within {STARTUP_TIMEOUT_S} s:\n"
+                            f"{log_path.read_text()}")
+            time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@contextmanager
+def chromium(profile_dir: Path):
+    """Headless Debian Chromium driven by selenium (flags from STACK-NOTES)."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1280,2400",
+                 f"--user-data-dir={profile_dir}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(RENDER_TIMEOUT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def figure(driver, graph_id: str) -> dict:
+    """Wait until the graph has drawn points (bars or markers) or lines, then return its figure."""
+    def plotted(d):
+        raw = d.execute_script(READ_FIGURE_JS, graph_id)
+        fig = raw and json.loads(raw)
+        return fig if fig and (fig["points_drawn"] or fig["lines_drawn"]) else False
+
+    return WebDriverWait(driver, RENDER_TIMEOUT_S).until(plotted)
+
+
+def text(driver, element_id: str) -> str:
+    return WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+        lambda d: d.find_element(By.ID, element_id)).text
+
+
+def select_model(driver, group: str, model: str) -> None:
+    """Pick ``model`` in a section's deep-dive selector (a dcc.Dropdown with id ``{group}-model``)."""
+    dropdown = WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, f"#{group}-model"))
+    dropdown.click()
+    search = dropdown.find_element(By.CSS_SELECTOR, "input")
+    search.send_keys(model)
+    search.send_keys("\n")
+    WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+        lambda d: model in d.find_element(By.CSS_SELECTOR, f"#{group}-model").text)
