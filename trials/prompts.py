@@ -41,6 +41,7 @@ truncated workload still covers every type.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 PROMPT_TYPES = ("code", "prose", "structured", "repetitive")
@@ -525,3 +526,75 @@ def workload_prompts(prompt_set: str, per_type: int | None = None) -> list[Promp
     for i in range(max(len(lst) for lst in lists)):
         out.extend(lst[i] for lst in lists if i < len(lst))
     return out
+
+
+# --- long contexts ------------------------------------------------------------------------
+
+CONTEXT_SOURCES = {"code": "code", "prose": "prose", "structured": "structured", "repetitive": "prose"}
+"""Which ``trials.corpus`` source fills the context in front of each prompt type."""
+
+CONTEXT_SEPARATOR = "\n\n"
+_CONTEXT_SEED = 4321          # structured filler: its own seed, so it is not the zoo's training text
+_EXACT_SEARCH_CHARS = 256     # how far around the binary-search cut to look for an exact token count
+
+
+def extend_to_tokens(prompts: list[Prompt], tokenizer, n_tokens: int) -> list[Prompt]:
+    """Each prompt, preceded by text of its own kind, cut from the left to exactly *n_tokens* tokens.
+
+    Long-context trials (the KV cache grows with the context) need prompts of a known token count,
+    and the count must hold for the model's own tokenizer (``tokenizer(text)["input_ids"]``, exactly
+    as the measurement loop tokenizes). So the text in front is real text of the prompt's kind, from
+    ``trials.corpus`` (stdlib code before code prompts, Python-docs prose before prose and repetitive
+    ones, generated JSON/CSV/markdown before structured ones), the prompt's own ending -- where the
+    model continues -- is unchanged, and the cut is at the character where the token count is exactly
+    *n_tokens* (found by bisection; counts are near-monotone in the cut). Deterministic for a given
+    interpreter and tokenizer. A prompt longer than *n_tokens* loses its beginning. Ids and types are
+    kept, so outputs of different stacks still compare prompt by prompt.
+    """
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be a positive integer, got {n_tokens!r}")
+    return [_extend(p, tokenizer, n_tokens) for p in prompts]
+
+
+def _extend(prompt: Prompt, tokenizer, n_tokens: int) -> Prompt:
+    def count(text: str) -> int:
+        return len(tokenizer(text)["input_ids"])
+
+    chars = 8 * n_tokens + 1024
+    text = _context_text(CONTEXT_SOURCES[prompt.type], chars) + CONTEXT_SEPARATOR + prompt.text
+    while count(text) < n_tokens:
+        chars *= 2
+        text = _context_text(CONTEXT_SOURCES[prompt.type], chars) + CONTEXT_SEPARATOR + prompt.text
+    return Prompt(prompt.id, prompt.type, text[_exact_cut(text, n_tokens, count):])
+
+
+def _exact_cut(text: str, n_tokens: int, count) -> int:
+    """A start offset ``cut`` with ``count(text[cut:]) == n_tokens`` (``count(text) >= n_tokens``)."""
+    lo, hi = 0, len(text)
+    while lo < hi:                                   # smallest cut whose count is <= n_tokens
+        mid = (lo + hi) // 2
+        if count(text[mid:]) <= n_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    for delta in range(_EXACT_SEARCH_CHARS):
+        for cut in (lo - delta, lo + delta):
+            if 0 <= cut <= len(text) and count(text[cut:]) == n_tokens:
+                return cut
+    raise ValueError(f"no cut of the context gives exactly {n_tokens} tokens")
+
+
+@functools.lru_cache(maxsize=16)
+def _context_text(source: str, chars: int) -> str:
+    """The first *chars* characters of a corpus source, documents joined (cycled if too short)."""
+    from trials import corpus
+
+    budget = max(chars, 64_000)
+    if source == "code":
+        docs = corpus.code_documents(budget)
+    elif source == "prose":
+        docs = corpus.prose_documents(budget)
+    else:
+        docs = corpus.structured_documents(budget, _CONTEXT_SEED)
+    joined = CONTEXT_SEPARATOR.join(d.text for d in docs)
+    return (joined * (chars // max(1, len(joined)) + 1))[:chars]

@@ -1,0 +1,307 @@
+"""KV-cache quantization, measured: memory, speed and fidelity of transformers' QuantizedCache.
+
+The cache grows by ``2 x layers x kv_heads x head_dim`` elements per token, so at long contexts or
+large batches it, not the weights, fills memory. transformers' ``QuantizedCache`` (KIVI-style)
+stores it in 8/4/2 bits, group-wise, with one of two backends: HQQ (8/4/2 bits) or optimum-quanto
+(4/2 bits). ``generate(cache_implementation="quantized", cache_config=...)`` is all a stack changes
+(``generate_kwargs``); timing and memory come from the shared loop (``trials.run.measure``).
+
+How that cache stores what it holds (read from transformers' ``QuantizedLayer``, checked by walking
+the real tensors, ``trials.measure.kv_cache_bytes``): the prompt is quantized whole at prefill;
+every decoded token then goes to a full-precision *residual* window, and when the window reaches
+``residual_length`` tokens the whole cache is de-quantized, joined and re-quantized. So after ``n``
+decode steps, ``n mod residual_length`` tokens are in full precision and the rest in ``nbits``.
+Each K and V tensor of a layer (``batch x kv_heads x tokens x head_dim`` elements) is cut into
+groups of ``q_group_size`` elements; every group keeps a scale and a zero point (quanto: a shift) in
+the model's dtype. HQQ packs the codes exactly (``group_size * nbits / 8`` bytes per group); quanto
+packs the ``(groups, group_size)`` codes along the groups axis, ``8 / nbits`` groups per byte row, so
+its row count rounds up. ``expected_bytes`` adds these up -- the full-precision formula of
+``trials.kv_footprint`` at ``nbits`` for the quantized tokens, the scales and zeros, quanto's row
+padding, and the formula at full precision for the residual window -- and each trial logs it as
+``kv_cache_bytes_expected`` beside the measured ``kv_cache_bytes`` (and ``kv_cache_bytes_exact``,
+the same cache unquantized).
+
+Fidelity, against the full-precision cache on the same prompts in the same worker (the reference is
+measured once per model and workload and reused; the tag ``reference_source`` says by which trial):
+
+* greedy outputs token for token (``trials.run.compare_outputs``): ``fidelity_token_match``,
+  ``first_divergence_token``. Brittle on small models, whose near-tied logits flip on tiny errors,
+  and one early flip changes everything after it;
+* teacher-forced, which does not compound: each prompt's last ``max_new_tokens`` tokens (real text,
+  see ``trials.prompts.extend_to_tokens``) are fed one at a time after its prefix was pre-filled
+  into the cache under test, so every prediction reads the (quantized) cache exactly as decoding
+  does. Per position we compare the next-token distribution with the full-precision cache's:
+  ``kl_divergence`` (KL(full || quantized), nats per token, mean), ``teacher_forced_top1_match``
+  (share of positions whose most likely token is the same), and the perplexity of the true tokens,
+  ``perplexity`` beside ``reference_perplexity``, with ``perplexity_delta`` = their difference.
+
+Bad input fails before anything is generated, with one line: a bit width a backend cannot pack is a
+``ConfigError`` at config time (``trials.config.KV_BACKEND_BITS``); a backend package missing on
+this worker, an architecture the footprint calculator cannot model, layers QuantizedCache refuses
+(sliding windows, MLA) or a group size that does not divide a token's K or V row are ``ConfigError``s
+in the trial, which the sweep records as a FAILED run with that reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from trials import models
+from trials.config import ConfigError, Runtime, Stack, TrialConfig
+from trials.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
+from trials.prompts import Prompt
+from trials.run import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
+
+BACKEND_PACKAGES = {"hqq": ("hqq", "hqq"), "quanto": ("optimum.quanto", "optimum-quanto")}
+REFERENCE_MAX_AGE_S = 30 * 60
+
+
+# ------------------------------------------------------------------------------ the stack
+
+def require_backend(backend: str) -> None:
+    """Raise ``ConfigError`` naming the pip package when the backend cannot be imported here."""
+    module, package = BACKEND_PACKAGES[backend]
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"KV backend {backend!r} needs the {package!r} package, which this worker "
+                          f"cannot import ({type(exc).__name__}); pip install {package}") from None
+
+
+def cache_config(stack: Stack) -> dict:
+    """transformers' ``cache_config`` for the stack's quantized cache."""
+    return {"backend": stack.kv_backend, "nbits": stack.kv_bits, "q_group_size": stack.kv_group_size,
+            "residual_length": stack.kv_residual_length}
+
+
+def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
+    """What ``generate()`` needs for the stack's KV cache (nothing for the full-precision one)."""
+    stack = config.stack
+    if stack.kv_bits == 16:
+        return {}
+    require_backend(stack.kv_backend)
+    return {"cache_implementation": "quantized", "cache_config": cache_config(stack)}
+
+
+def make_cache(stack: Stack, model: torch.nn.Module):
+    """A fresh cache object of the kind ``generate()`` builds for this stack."""
+    from transformers import DynamicCache, QuantizedCache
+
+    text_config = model.config.get_text_config(decoder=True)
+    if stack.kv_bits == 16:
+        return DynamicCache(config=text_config)
+    settings = cache_config(stack)
+    return QuantizedCache(backend=settings.pop("backend"), config=text_config, **settings)
+
+
+def check_model(config: TrialConfig, model_config) -> KVFootprint:
+    """The model's footprint, or ``ConfigError`` when its KV cache cannot be measured against it."""
+    try:
+        footprint = kv_footprint(model_config, mla="expanded")
+    except KVFootprintError as exc:
+        raise ConfigError(f"{config.model}: the KV footprint calculator cannot model it: {exc}") from None
+    stack = config.stack
+    if stack.kv_bits == 16:
+        return footprint
+    kinds = sorted({g.kind for g in footprint.groups if g.kind != "full"})
+    if kinds:
+        raise ConfigError(f"{config.model}: transformers' QuantizedCache takes full-attention layers "
+                          f"only; this model has {', '.join(kinds)} layers")
+    row = footprint.groups[0].elements_per_token // 2        # K (or V) elements per token and layer
+    if row % stack.kv_group_size:
+        raise ConfigError(f"{config.model}: kv_group_size {stack.kv_group_size} does not divide a "
+                          f"token's K/V row of {row} elements (kv_heads x head_dim); "
+                          f"{stack.kv_backend} needs every cache length to split into whole groups")
+    return footprint
+
+
+# ------------------------------------------------------------------------------ expected bytes
+
+def residual_tokens(cached_tokens: int, prompt_tokens: int, residual_length: int) -> int:
+    """Tokens in the full-precision window after decoding ``cached - prompt`` tokens one by one."""
+    decoded = max(0, cached_tokens - prompt_tokens)
+    return decoded % residual_length if residual_length > 1 else 0
+
+
+@dataclass(frozen=True)
+class ExpectedBytes:
+    """The expected cache bytes, part by part (see the module docstring)."""
+
+    quantized_tokens: int
+    residual_tokens: int
+    codes: int           # the formula at nbits for the quantized tokens
+    scales_zeros: int    # one scale and one zero per group, in the model's dtype
+    padding: int         # quanto's rounding up of packed rows
+    residual: int        # the formula at full precision for the residual window
+
+    @property
+    def total(self) -> int:
+        return self.codes + self.scales_zeros + self.padding + self.residual
+
+
+def expected_bytes(footprint: KVFootprint, stack: Stack, cached_tokens: int, prompt_tokens: int,
+                   batch: int, dtype_bits: int) -> ExpectedBytes:
+    """What the stack's cache should hold after prefilling ``prompt_tokens`` and growing to
+    ``cached_tokens`` (per sequence, ``batch`` sequences), derived from how the backends store."""
+    if stack.kv_bits == 16:
+        return ExpectedBytes(0, cached_tokens, 0, 0, 0,
+                             footprint.total_bytes(cached_tokens, batch, dtype_bits))
+    residual = residual_tokens(cached_tokens, prompt_tokens, stack.kv_residual_length)
+    quantized = cached_tokens - residual
+    scales = padding = 0
+    for group in footprint.groups:
+        per_tensor = group.elements_per_token // 2 * group.tokens_cached(quantized) * batch
+        groups = math.ceil(per_tensor / stack.kv_group_size)
+        tensors = 2 * group.layers                            # K and V of every layer
+        scales += tensors * 2 * groups * dtype_bits // 8
+        if stack.kv_backend == "quanto":
+            per_row = 8 // stack.kv_bits
+            padding += tensors * (-groups % per_row) * stack.kv_group_size // per_row
+    return ExpectedBytes(quantized, residual, footprint.total_bytes(quantized, batch, stack.kv_bits),
+                         scales, padding, footprint.total_bytes(residual, batch, dtype_bits))
+
+
+# ------------------------------------------------------------------------------ teacher-forced
+
+def forced_length(config: TrialConfig, prompt_tokens: int) -> int:
+    """How many of a prompt's last tokens are teacher-forced: ``max_new_tokens``, leaving a prefix."""
+    return max(1, min(config.workload.max_new_tokens, prompt_tokens - 1))
+
+
+def teacher_forced_logprobs(loaded: models.LoadedModel, stack: Stack, prompt: Prompt,
+                            forced: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probabilities ``[forced, vocab]`` of the next token, the true tokens ``[forced]``).
+
+    The prefix is pre-filled into a fresh cache of the stack's kind, then the last ``forced`` tokens
+    are fed one per step, as decoding feeds them, so each prediction reads the cache under test.
+    """
+    ids = loaded.tokenizer(prompt.text, return_tensors="pt")["input_ids"].to(loaded.device)
+    prefix, targets = ids[:, :-forced], ids[0, -forced:]
+    cache = make_cache(stack, loaded.model)
+    with torch.inference_mode():
+        out = loaded.model(input_ids=prefix, cache=cache, use_cache=True)
+        logits = [out.logits[0, -1]]
+        for step in range(forced - 1):
+            out = loaded.model(input_ids=targets[None, step:step + 1], cache=cache,
+                               use_cache=True)
+            logits.append(out.logits[0, -1])
+    return torch.log_softmax(torch.stack(logits).float(), dim=-1).cpu(), targets.cpu()
+
+
+def quality_metrics(reference: list[torch.Tensor], logprobs: list[torch.Tensor],
+                    targets: list[torch.Tensor]) -> dict[str, float]:
+    """KL(full || this), top-1 agreement and perplexities over every teacher-forced position."""
+    ref, this, true = torch.cat(reference), torch.cat(logprobs), torch.cat(targets)
+    kl = (ref.exp() * (ref - this)).sum(-1).clamp_min(0.0)
+    nll_ref = -ref.gather(1, true[:, None]).mean()
+    nll = -this.gather(1, true[:, None]).mean()
+    ppl_ref, ppl = math.exp(float(nll_ref)), math.exp(float(nll))
+    return {"kl_divergence": float(kl.mean()), "kl_divergence_max": float(kl.max()),
+            "teacher_forced_top1_match": float((ref.argmax(-1) == this.argmax(-1)).float().mean()),
+            "teacher_forced_tokens": float(true.numel()),
+            "reference_perplexity": ppl_ref, "perplexity": ppl, "perplexity_delta": ppl - ppl_ref}
+
+
+# ------------------------------------------------------------------------------ the reference
+
+@dataclass
+class Reference:
+    """The full-precision cache's outputs and teacher-forced predictions on a trial's prompts."""
+
+    outputs: dict[str, list[int]]
+    logprobs: list[torch.Tensor]
+    targets: list[torch.Tensor]
+    config_hash: str
+    at: float
+
+
+_REFERENCES: dict[str, Reference] = {}
+
+
+def _reference_config(config: TrialConfig) -> TrialConfig:
+    return TrialConfig(group=config.group, model=config.model, device=config.device,
+                       stack=Stack(precision=config.stack.precision), workload=config.workload,
+                       repeats=config.repeats, seed=config.seed)
+
+
+def _teacher_forced(loaded: models.LoadedModel, stack: Stack, prompts: list[Prompt],
+                    config: TrialConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    pairs = [teacher_forced_logprobs(loaded, stack, p, forced_length(
+        config, len(loaded.tokenizer(p.text)["input_ids"]))) for p in prompts]
+    return [lp for lp, _ in pairs], [t for _, t in pairs]
+
+
+def reference(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt],
+              measured: Measured | None = None) -> tuple[Reference, str]:
+    """The full-precision reference of this trial's prompts: ``measured`` when the trial is itself
+    the full-precision stack, else the one this worker measured recently, else measured now (one
+    pass; its timing is not used). Only the latest reference is kept, to bound memory."""
+    plain = _reference_config(config)
+    cached = _REFERENCES.get(plain.config_hash)
+    if measured is None and cached and time.time() - cached.at < REFERENCE_MAX_AGE_S:
+        return cached, (f"reused: measured {time.time() - cached.at:.0f} s earlier in this worker "
+                        f"(trial {cached.config_hash})")
+    if measured is None:
+        measured = measure(plain, loaded, prompts, repeats=1, generate_kwargs={})
+    logprobs, targets = _teacher_forced(loaded, plain.stack, prompts, config)
+    _REFERENCES.clear()
+    _REFERENCES[plain.config_hash] = Reference(measured.outputs(), logprobs, targets,
+                                               config.config_hash, time.time())
+    return _REFERENCES[plain.config_hash], "this trial"
+
+
+# ------------------------------------------------------------------------------ the trial
+
+def byte_metrics(footprint: KVFootprint, config: TrialConfig, loaded: models.LoadedModel,
+                 measured: Measured) -> dict[str, float]:
+    """Expected bytes of the cache the trial measured (the same record ``finish`` reports)."""
+    biggest = max(measured.repeats[0], key=lambda b: b.kv_cache_tokens)
+    dtype_bits = torch.finfo(next(loaded.model.parameters()).dtype).bits
+    expected = expected_bytes(footprint, config.stack, biggest.kv_cache_tokens, biggest.prompt_tokens,
+                              len(biggest.prompt_ids), dtype_bits)
+    return {"kv_cache_bytes_expected": float(expected.total),
+            "kv_cache_bytes_expected_codes": float(expected.codes),
+            "kv_cache_bytes_expected_scales": float(expected.scales_zeros + expected.padding),
+            "kv_cache_bytes_expected_residual": float(expected.residual),
+            "kv_cache_quantized_tokens": float(expected.quantized_tokens),
+            "kv_cache_residual_tokens": float(expected.residual_tokens),
+            "kv_cache_bytes_per_token_exact": float(footprint.bytes_per_token_uncapped(dtype_bits)),
+            "kv_cache_dtype_bits": float(dtype_bits)}
+
+
+def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
+    """The stack's cache and the full-precision one on the same prompts: bytes, speed, fidelity."""
+    stack = config.stack
+    if stack.speculation != "none":
+        raise ConfigError("the kv_cache group measures KV-cache precision alone; use speculation 'none'")
+    loaded = models.load(config.model, stack.precision, config.device)
+    footprint = check_model(config, loaded.model.config)
+    prompts = trial_prompts(config, loaded)
+    measured = measure(config, loaded, prompts, generate_kwargs=generate_kwargs(config, loaded))
+    ref, source = reference(config, loaded, prompts, measured if stack.kv_bits == 16 else None)
+    if stack.kv_bits == 16:
+        logprobs, targets = ref.logprobs, ref.targets
+    else:
+        logprobs, targets = _teacher_forced(loaded, stack, prompts, config)
+    metrics = {**compare_outputs(measured.outputs(), ref.outputs),
+               **quality_metrics(ref.logprobs, logprobs, targets),
+               **byte_metrics(footprint, config, loaded, measured)}
+    result = finish(config, runtime, loaded, measured, metrics=metrics,
+                    tags={"reference_source": source, "kv_cache_method": _method(stack)})
+    measured_bytes, expected = result.metrics["kv_cache_bytes"], metrics["kv_cache_bytes_expected"]
+    result.metrics["kv_cache_bytes_vs_expected"] = measured_bytes / expected if expected else 1.0
+    if result.metrics.get("kv_cache_bytes_exact"):
+        result.metrics["kv_cache_compression"] = result.metrics["kv_cache_bytes_exact"] / measured_bytes
+    return result
+
+
+def _method(stack: Stack) -> str:
+    if stack.kv_bits == 16:
+        return "DynamicCache (full precision)"
+    return (f"QuantizedCache {stack.kv_backend} {stack.kv_bits}-bit, group {stack.kv_group_size}, "
+            f"residual {stack.kv_residual_length}")
