@@ -49,16 +49,26 @@ def empty_state(group: str, reason: str = "No finished runs yet.") -> html.Div:
                     style={"border": "1px dashed #bbb", "padding": "0.5em 1em", "background": "#fafafa"})
 
 
+def section_frame(section, uri: str):
+    """The runs a section charts: FINISHED ones, unless the section asks for more with ``RUN_STATUS``
+    (None: every run, with a ``status`` column; e.g. FAILED 'oom' runs mark a memory boundary)."""
+    return tracking.runs_frame(uri, section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"))
+
+
+def _no_finished(frame) -> bool:
+    return frame.empty or ("status" in frame.columns and not (frame["status"] == "FINISHED").any())
+
+
 def render_section(section, uri: str) -> html.Section:
     header = [html.H2(section.TITLE), html.P(section.BLURB, style=MUTED)]
     try:
-        frame = tracking.runs_frame(uri, section.GROUP)
+        frame = section_frame(section, uri)
     except Exception as exc:  # one broken query must not take the whole page down
         body = [empty_state(section.GROUP, f"Could not read this group: {type(exc).__name__}: {exc}")]
     else:
         charts = section.figures(frame)
         if not charts:
-            reason = ("No finished runs yet." if frame.empty
+            reason = ("No finished runs yet." if _no_finished(frame)
                       else "Finished runs exist but lack the columns this chart needs.")
             body = [empty_state(section.GROUP, reason)]
         else:
@@ -138,7 +148,7 @@ def _register_deep_dive(app: dash.Dash, section, uri: str) -> None:
     @app.callback(Output(f"{section.GROUP}-deep-dive", "children"),
                   Input(f"{section.GROUP}-model", "value"), prevent_initial_call=True)
     def redraw(model):
-        return _graphs(section.deep_dive(tracking.runs_frame(uri, section.GROUP), model))
+        return _graphs(section.deep_dive(section_frame(section, uri), model))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _memory_budget(text: str) -> int:
+    from trials.batching import parse_memory_budget
+
+    try:
+        return parse_memory_budget(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="python sweeps/full.py", description=__doc__.split("\n\n")[0],
                            epilog=__doc__.split("\n\n", 1)[1],
@@ -74,6 +83,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="CPUs (and torch threads) per trial on CPU-only clusters (default: 1)")
     parser.add_argument("--storage-path", default=str(RAY_RESULTS),
                         help="Ray Tune's own results folder; must be shared storage on multi-node clusters")
+    parser.add_argument("--memory-budget", type=_memory_budget, default=None, metavar="SIZE",
+                        help="emulate a device with this much memory, e.g. 2GiB or 512MiB (batching "
+                             "group): a trial whose predicted or measured peak exceeds it is a FAILED "
+                             "run with reason 'oom'")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument("--rerun", action="store_true",
                         help="run configs again even if they already have a FINISHED run")
@@ -174,7 +187,8 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
     workers = min(args.workers or slots, max(1, slots))
     log.info("running %d trials, %d at a time, each with %s", len(configs), workers, resources)
     param_space = {"trial": tune.grid_search([c.to_dict() for c in configs]),
-                   "tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha()}
+                   "tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
+                   "memory_budget_bytes": args.memory_budget}
     tuner = tune.Tuner(
         tune.with_resources(run_in_worker, resources),
         param_space=param_space,

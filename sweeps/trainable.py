@@ -29,7 +29,8 @@ def run_in_worker(params: dict) -> None:
     logging.basicConfig(level=logging.WARNING)
     config = TrialConfig.from_dict(params["trial"])
     runtime = Runtime(num_threads=granted_cpus(), git_sha=params["git_sha"],
-                      sweep_id=params["sweep_id"])
+                      sweep_id=params["sweep_id"],
+                      memory_budget_bytes=params.get("memory_budget_bytes"))
     try:
         result = run_trial(config, runtime)
     except Exception as exc:  # recorded as a FAILED run; the sweep goes on

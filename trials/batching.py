@@ -1,0 +1,423 @@
+"""Static batching: decode many sequences at once, and find where the memory runs out.
+
+Why it pays: a decode step reads every weight once whatever the batch size, and at batch 1 that read
+is most of the step's cost (decode is memory-bandwidth-bound). Decoding B rows per step shares the read,
+so aggregate throughput climbs with B until the step becomes compute-bound; each stream gets a little
+slower, and the KV cache grows linearly with B until the device's memory runs out.
+
+What a trial does (``run_batching``), composing ``trials.run``'s pieces (one measurement loop):
+
+* Same prompt length at every batch size. The workload's prompts are cut to the token length of its
+  shortest prompt, keeping each prompt's *end* (where the model continues), so rows of a batch are
+  never padded and only the batch size changes between trials of a ladder. Left padding itself is
+  still checked, by a test that batches prompts of different lengths (``tests/test_batching.py``).
+* Rows. A trial decodes ``ceil(N / B) * B`` rows for N prompts (``batch_rows``): every batch is full
+  (per-stream throughput is aggregate / B only then), and batches larger than the workload reuse its
+  prompts, in order, with distinct ids ``<id>#<round>`` (``code-00#1``), so a batch of 128 from 48
+  prompts holds each prompt two or three times.
+* ``outputs_match_batch1``: every row's greedy output must equal its prompt's output decoded alone.
+  The batch-1 outputs are measured once per worker (``measure(..., batch_size=1, repeats=1)`` on the
+  same loaded model, untimed as far as the trial is concerned) and reused by the worker's other trials
+  of that model and workload; the tag ``batch1_reference`` says which trial measured them.
+* The memory boundary. ``predicted_peak_memory_bytes`` = weights + the exact KV cache of B rows at the
+  final context (``trials.kv_footprint``) + an activation estimate (``predict_peak``). A trial whose
+  predicted or measured peak exceeds the budget becomes a FAILED run whose reason starts with ``oom``
+  and which still carries its predicted (and, if it ran, measured) numbers; nothing crashes. The
+  budget is ``Runtime.memory_budget_bytes`` (``--memory-budget``: emulate a smaller device on a CPU),
+  and on CUDA also the device's total memory; a real ``torch.cuda.OutOfMemoryError`` is caught and
+  ends that model's ladder on the worker: larger batches of the same model fail as ``oom`` unrun.
+* The roofline. Decode is bandwidth-bound at best, so one step cannot beat (bytes it must read) /
+  (memory bandwidth): the weights once plus every row's KV cache. ``roofline_tok_per_s`` =
+  B x bandwidth / (weights + KV at the mean decode context); ``roofline_ratio`` = measured / that.
+  The bandwidth is measured once per worker process by a large copy (``memory_bandwidth``).
+  Caveat on CPUs: the copy is larger than the last-level cache on purpose (DRAM bandwidth); a model
+  small enough to live in that cache may read its weights faster than this ceiling assumes.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import re
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from trials import models
+from trials.config import ConfigError, Runtime, TrialConfig
+from trials.kv_footprint import KVFootprintError, kv_footprint
+from trials.measure import model_weights_bytes
+from trials.prompts import Prompt
+from trials.run import (TrialResult, compare_outputs, failed_result, finish, measure,
+                        trial_prompts)
+
+OOM = "oom"
+REUSE_MARK = "#"
+
+# ------------------------------------------------------------------------------ memory budget
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory_budget(text: str) -> int:
+    """Bytes from ``"2GiB"``, ``"512MiB"``, ``"1.5GB"`` or ``"1073741824"``; ConfigError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match and match.group(2).lower()
+    if not match or unit not in _UNITS:
+        raise ConfigError(f"memory budget {text!r} is not a size; use bytes or a number with "
+                          "KiB/MiB/GiB/TiB or KB/MB/GB/TB, e.g. 2GiB")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise ConfigError(f"memory budget {text!r} must be at least 1 byte")
+    return value
+
+
+def human_bytes(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    exponent = min(3, int(math.log(n, 1024)))
+    return f"{n / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
+
+
+class OutOfMemory(ConfigError):
+    """The trial does not fit the memory it may use; the message starts with ``oom``."""
+
+
+# ------------------------------------------------------------------------------ prompts and rows
+
+def _cut(tokenizer, ids: list[int], length: int) -> str | None:
+    """Text of consecutive tokens of ``ids`` that tokenizes to exactly ``length`` tokens (special
+    tokens included), as late in the prompt as one does."""
+    body = length - (len(tokenizer("")["input_ids"]))          # what the tokenizer adds (e.g. BOS)
+    for end in range(len(ids), body - 1, -1):
+        text = tokenizer.decode(ids[end - body:end])
+        if len(tokenizer(text)["input_ids"]) == length:
+            return text
+    return None
+
+
+def equal_length_prompts(prompts: list[Prompt], tokenizer) -> tuple[list[Prompt], int]:
+    """The prompts cut to the shortest one's token length (ends kept), and that length.
+
+    A cut prompt is decoded back to text (``measure`` tokenizes text); a window whose text does not
+    re-tokenize to exactly the length is moved one token earlier until one does.
+    """
+    lengths = [len(tokenizer(p.text)["input_ids"]) for p in prompts]
+    length = min(lengths)
+    out = []
+    for prompt, total in zip(prompts, lengths):
+        if total == length:
+            out.append(prompt)
+            continue
+        text = _cut(tokenizer, tokenizer(prompt.text, add_special_tokens=False)["input_ids"], length)
+        if text is None:
+            raise ConfigError(f"prompt {prompt.id} cannot be cut to exactly {length} tokens")
+        out.append(replace(prompt, text=text))
+    return out, length
+
+
+def batch_rows(prompts: list[Prompt], batch_size: int) -> list[Prompt]:
+    """``ceil(N / B) * B`` rows: the prompts in order, reused with ids ``<id>#<round>`` past the end."""
+    count = math.ceil(len(prompts) / batch_size) * batch_size
+    rows = []
+    for i in range(count):
+        prompt, round_ = prompts[i % len(prompts)], i // len(prompts)
+        rows.append(prompt if round_ == 0 else replace(prompt, id=f"{prompt.id}{REUSE_MARK}{round_}"))
+    return rows
+
+
+def base_id(row_id: str) -> str:
+    return row_id.split(REUSE_MARK, 1)[0]
+
+
+# ------------------------------------------------------------------------------ predicted memory
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    weights_bytes: int
+    kv_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.activation_bytes
+
+
+def _element_bytes(model: torch.nn.Module) -> int:
+    return torch.finfo(next(model.parameters()).dtype).bits // 8
+
+
+def activation_bytes(config, batch: int, prompt_tokens: int, context: int, element_bytes: int) -> int:
+    """An estimate of the largest working set beside weights and cache, the larger of:
+
+    * prefill of B x L tokens: the residual stream and its norm/attention output (4 H), q/k/v
+      (H + 2 kv_dim), the MLP's gate, up and product (3 I), plus attention scores B x heads x L x L
+      (what an eager attention materializes; SDPA kernels may not, so this is an upper bound);
+    * a decode step at the final context T: one layer's K and V expanded to every query head
+      (``repeat_kv`` for grouped-query attention) and one layer's K and V copied while the cache
+      grows (``torch.cat``);
+
+    plus the last position's logits, kept in fp32 by generate() with two working copies (3 x B x V x 4).
+    """
+    hidden, inter = config.hidden_size, config.intermediate_size
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_dim = kv_heads * head_dim
+    prefill = (batch * prompt_tokens * (4 * hidden + hidden + 2 * kv_dim + 3 * inter)
+               + batch * heads * prompt_tokens * prompt_tokens) * element_bytes
+    decode = 2 * batch * context * (heads * head_dim + kv_dim) * element_bytes
+    logits = 3 * batch * config.vocab_size * 4
+    return max(prefill, decode) + logits
+
+
+def _kv_bytes(model: torch.nn.Module, context: int, batch: int) -> int | None:
+    try:
+        footprint = kv_footprint(model.config, mla="expanded")
+    except KVFootprintError:
+        return None
+    return footprint.total_bytes(context, batch, 8 * _element_bytes(model))
+
+
+def predict_peak(loaded: models.LoadedModel, batch: int, prompt_tokens: int,
+                 new_tokens: int) -> PeakPrediction:
+    """Weights + exact KV of ``batch`` rows at the final context + ``activation_bytes``."""
+    model = loaded.model
+    context = prompt_tokens + new_tokens
+    kv = _kv_bytes(model, context, batch) or 0    # 0: an architecture kv_footprint cannot model
+    return PeakPrediction(model_weights_bytes(model), kv,
+                          activation_bytes(model.config, batch, prompt_tokens, context,
+                                           _element_bytes(model)))
+
+
+# ------------------------------------------------------------------------------ bandwidth, roofline
+
+_BANDWIDTH: dict[tuple[str, int], float] = {}
+COPY_REPEATS = 5
+
+
+def _last_level_cache_bytes() -> int:
+    sizes = []
+    for index in range(8):
+        path = f"/sys/devices/system/cpu/cpu0/cache/index{index}/size"
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            break
+        try:
+            sizes.append(parse_memory_budget(text.replace("K", "KiB").replace("M", "MiB")))
+        except ConfigError:
+            pass
+    return max(sizes, default=0)
+
+
+def copy_buffer_bytes(device: str) -> int:
+    """1 GiB on a GPU; on a CPU twice the last-level cache (at least 256 MiB, at most 2 GiB), so the
+    copy streams from DRAM instead of the cache."""
+    if device == "cuda":
+        return 2**30
+    return int(min(max(2 * _last_level_cache_bytes(), 256 * 2**20), 2 * 2**30))
+
+
+def memory_bandwidth(device: str) -> float:
+    """Bytes/s of a large device-to-device copy (read + write counted), best of a few; measured once
+    per process and thread count (the trial's torch threads are the ones that read its weights)."""
+    key = (device, torch.get_num_threads())
+    if key not in _BANDWIDTH:
+        _BANDWIDTH[key] = _measure_bandwidth(device, copy_buffer_bytes(device))
+    return _BANDWIDTH[key]
+
+
+def _measure_bandwidth(device: str, nbytes: int) -> float:
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.zeros_like(src)
+    best = math.inf
+    for _ in range(COPY_REPEATS + 1):               # the first copy warms up
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(end) / 1000
+        else:
+            started = time.perf_counter()
+            dst.copy_(src)
+            seconds = time.perf_counter() - started
+        best = min(best, seconds)
+    del src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * nbytes / best
+
+
+def decode_bytes_per_step(loaded: models.LoadedModel, batch: int, prompt_tokens: int,
+                          new_tokens: int, measured_kv_bytes: int) -> tuple[float, str]:
+    """Bytes one decode step reads, averaged over the decode steps: weights + KV of every row at
+    each step's context (prompt + 1 .. prompt + new - 1), and where the KV figure came from."""
+    weights = model_weights_bytes(loaded.model)
+    contexts = range(prompt_tokens + 1, prompt_tokens + new_tokens)
+    kv = [_kv_bytes(loaded.model, c, batch) for c in contexts]
+    if kv and None not in kv:
+        return weights + sum(kv) / len(kv), "kv_footprint"
+    return weights + measured_kv_bytes, "measured final cache (upper bound)"
+
+
+# ------------------------------------------------------------------------------ batch-1 reference
+
+_REFERENCE: dict[tuple, tuple[dict[str, list[int]], str]] = {}
+
+
+def _reference_key(config: TrialConfig, prompts: list[Prompt]) -> tuple:
+    return (config.model, config.stack.precision, config.device, config.workload.max_new_tokens,
+            tuple((p.id, p.text) for p in prompts))
+
+
+def batch1_outputs(config: TrialConfig, loaded: models.LoadedModel,
+                   prompts: list[Prompt]) -> tuple[dict[str, list[int]], str]:
+    """Each prompt's greedy output decoded alone, and which trial measured it (once per worker)."""
+    key = _reference_key(config, prompts)
+    if key not in _REFERENCE:
+        measured = measure(config, loaded, prompts, batch_size=1, repeats=1)
+        _REFERENCE[key] = (measured.outputs(), f"trial {config.config_hash} (batch 1, before timing)")
+    return _REFERENCE[key]
+
+
+# ------------------------------------------------------------------------------ the ladder's end
+
+_LADDER_END: dict[tuple, int] = {}     # (model, precision, device, workload) -> smallest batch that OOMed
+
+
+def _ladder_key(config: TrialConfig) -> tuple:
+    return (config.model, config.stack.precision, config.device, config.workload)
+
+
+def _device_memory_bytes(device: str) -> int | None:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return None
+
+
+def _free_device_memory(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def oom_result(config: TrialConfig, reason: str, metrics: dict[str, float]) -> TrialResult:
+    """A FAILED run whose one-line reason starts with ``oom``, keeping what was predicted/measured."""
+    result = failed_result(config, OutOfMemory(reason))
+    result.metrics.update(metrics)
+    return result
+
+
+# ------------------------------------------------------------------------------ the runner
+
+def _budgets(config: TrialConfig, runtime: Runtime) -> dict[str, int]:
+    """The limits a trial's peak must stay under: the emulated budget, and a GPU's own memory."""
+    limits = {"memory budget": runtime.memory_budget_bytes,
+              "device memory": _device_memory_bytes(config.device)}
+    return {name: limit for name, limit in limits.items() if limit}
+
+
+def _memory_metrics(predicted: PeakPrediction, budgets: dict[str, int]) -> dict[str, float]:
+    return {"predicted_peak_memory_bytes": predicted.total_bytes,
+            "predicted_kv_cache_bytes": predicted.kv_bytes,
+            "predicted_activation_bytes": predicted.activation_bytes,
+            "weights_bytes": predicted.weights_bytes,
+            **({"memory_budget_bytes": budgets["memory budget"]} if "memory budget" in budgets else {}),
+            **({"device_memory_bytes": budgets["device memory"]} if "device memory" in budgets else {})}
+
+
+def _refused(config: TrialConfig, predicted: PeakPrediction, budgets: dict[str, int]) -> str:
+    """Why the trial must not run (a reason starting with ``oom``), or ``""``."""
+    batch = config.stack.batch_size
+    failed_at = _LADDER_END.get(_ladder_key(config))
+    if failed_at is not None and batch >= failed_at:
+        return (f"{OOM}: not run, batch {failed_at} of this model already ran out of device memory "
+                "on this worker")
+    for name, limit in budgets.items():
+        if predicted.total_bytes > limit:
+            return (f"{OOM}: predicted peak {human_bytes(predicted.total_bytes)} exceeds the {name} "
+                    f"({human_bytes(limit)}) at batch {batch}")
+    return ""
+
+
+def _overrun(peak_bytes: float, budgets: dict[str, int], batch: int) -> str:
+    for name, limit in budgets.items():
+        if peak_bytes > limit:
+            return (f"{OOM}: measured peak {human_bytes(peak_bytes)} exceeds the {name} "
+                    f"({human_bytes(limit)}) at batch {batch}")
+    return ""
+
+
+def _measure_against_batch1(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt],
+                            rows: list[Prompt]):
+    """The timed run of ``rows`` in batches, its batch-1 reference outputs and their source."""
+    batch = config.stack.batch_size
+    if batch > 1:
+        reference, source = batch1_outputs(config, loaded, prompts)
+    measured = measure(config, loaded, rows, batch_size=batch)
+    if batch == 1:
+        reference, source = measured.outputs(), "this trial (batch 1 is its own reference)"
+        _REFERENCE.setdefault(_reference_key(config, prompts),
+                              (reference, f"trial {config.config_hash} (batch 1)"))
+    return measured, reference, source
+
+
+def _batch1_metrics(outputs: dict[str, list[int]], reference: dict[str, list[int]]):
+    expected = {rid: reference[base_id(rid)] for rid in outputs}
+    match = compare_outputs(outputs, expected)
+    mismatched = sorted(rid for rid in outputs if outputs[rid] != expected[rid])
+    return {"outputs_match_batch1": match["lossless"],
+            "batch1_token_match": match["fidelity_token_match"],
+            "batch1_first_divergence_token": match["first_divergence_token"],
+            "rows_not_matching_batch1": float(len(mismatched))}, mismatched
+
+
+def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
+    """One rung of a model's batch ladder: fixed-length prompts, B rows per step, checked against
+    batch 1, with its predicted peak, its memory boundary and its roofline."""
+    batch, new_tokens = config.stack.batch_size, config.workload.max_new_tokens
+    loaded = models.load(config.model, config.stack.precision, config.device)
+    prompts, prompt_tokens = equal_length_prompts(trial_prompts(config, loaded), loaded.tokenizer)
+    rows = batch_rows(prompts, batch)
+    predicted = predict_peak(loaded, batch, prompt_tokens, new_tokens)
+    budgets = _budgets(config, runtime)
+    memory = _memory_metrics(predicted, budgets)
+    refused = _refused(config, predicted, budgets)
+    if refused:
+        return oom_result(config, refused, memory)
+
+    bandwidth = memory_bandwidth(config.device)
+    ran_out = ""
+    try:
+        measured, reference, source = _measure_against_batch1(config, loaded, prompts, rows)
+    except torch.OutOfMemoryError as exc:     # CUDA (and a CPU allocator that raises it)
+        ran_out = f"{OOM}: batch {batch} ran out of device memory ({str(exc).strip()[:200]})"
+    if ran_out:                               # outside the handler: its traceback holds the tensors
+        _LADDER_END[_ladder_key(config)] = min(batch, _LADDER_END.get(_ladder_key(config), batch))
+        _free_device_memory(config.device)
+        return oom_result(config, ran_out.splitlines()[0], memory)
+
+    matched, mismatched = _batch1_metrics(measured.outputs(), reference)
+    step_bytes, step_source = decode_bytes_per_step(
+        loaded, batch, prompt_tokens, new_tokens, max(b.kv_cache_bytes for b in measured.repeats[0]))
+    extra = {**memory, **matched, "prompt_tokens": float(prompt_tokens),
+             "distinct_prompts": float(len(prompts)), "memory_bandwidth_bytes_per_s": bandwidth,
+             "decode_bytes_per_step": step_bytes, "roofline_tok_per_s": batch * bandwidth / step_bytes}
+    tags = {"batch1_reference": source, "roofline_kv_source": step_source,
+            "prompt_rule": f"every prompt cut to {prompt_tokens} tokens (the shortest), end kept; "
+                           f"{len(rows)} rows from {len(prompts)} prompts"}
+    result = finish(config, runtime, loaded, measured, extra, tags,
+                    raw={"rows_not_matching_batch1": mismatched})
+    metrics = result.metrics
+    metrics["roofline_ratio"] = metrics["tok_per_s"] / metrics["roofline_tok_per_s"]
+    metrics["peak_memory_ratio"] = metrics["peak_memory_bytes"] / predicted.total_bytes
+    overrun = _overrun(metrics["peak_memory_bytes"], budgets, batch)
+    if overrun:
+        result.status, result.error = "FAILED", overrun
+    return result
