@@ -131,7 +131,11 @@ def select_model(driver, group: str, model: str) -> None:
     dropdown = WebDriverWait(driver, RENDER_TIMEOUT_S).until(
         lambda d: d.find_element(By.CSS_SELECTOR, f"#{group}-model"))
     dropdown.click()
-    search = dropdown.find_element(By.CSS_SELECTOR, "input")
+    # Dash 4 opens the search box in a popover outside the dropdown, named by its aria-controls.
+    popover = WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+        lambda d: dropdown.get_attribute("aria-controls")
+        and d.find_element(By.ID, dropdown.get_attribute("aria-controls")))
+    search = popover.find_element(By.CSS_SELECTOR, "input.dash-dropdown-search")
     search.send_keys(model)
     search.send_keys("\n")
     WebDriverWait(driver, RENDER_TIMEOUT_S).until(

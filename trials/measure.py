@@ -190,7 +190,41 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def model_weights_bytes(model: torch.nn.Module) -> int:
-    return tensor_bytes(list(model.parameters()) + list(model.buffers()))
+    """Real bytes of a model's weights: parameters, buffers, and quantizer state kept beside them.
+
+    bitsandbytes keeps part of a quantized weight outside parameters and buffers: int8 row scales in
+    ``weight.SCB`` (moved to ``module.state`` after the first forward) and 4-bit block scales and
+    codebooks in ``weight.quant_state``. ``get_memory_footprint()`` misses them; this counts them.
+    """
+    side = [t for module in model.modules() for t in _side_tensors(module, ("state", "quant_state"))]
+    side += [t for p in model.parameters() for t in _side_tensors(p, ("SCB", "CB", "quant_state"))]
+    return tensor_bytes(list(model.parameters()) + list(model.buffers()) + side)
+
+
+_TRANSIENT_STATE = ("idx",)
+
+
+def _side_tensors(owner, names: tuple[str, ...]) -> Iterator[torch.Tensor]:
+    for name in names:
+        value = getattr(owner, name, None)
+        if isinstance(value, torch.Tensor) or type(value).__module__.startswith("bitsandbytes"):
+            yield from _quantizer_tensors(value)
+
+
+def _quantizer_tensors(obj) -> Iterator[torch.Tensor]:
+    """Tensors in a bitsandbytes state object (``QuantState``, ``MatmulLtState``), nested ones too."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _quantizer_tensors(v)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _quantizer_tensors(v)
+    elif type(obj).__module__.startswith("bitsandbytes"):
+        # ``idx`` (LLM.int8's outlier columns of the last forward pass) depends on the input, not
+        # the weights: 0 or a few int64s, so it is left out of weight storage.
+        yield from _quantizer_tensors({k: v for k, v in vars(obj).items() if k not in _TRANSIENT_STATE})
 
 
 def cache_tensors(cache) -> Iterator[torch.Tensor]:

@@ -9,7 +9,8 @@ consecutive trials share what is cached.
 
 Precision is where the device and dtype meet: bf16 on CPU runs (slowly on CPUs without native
 bf16), fp16 matmuls on CPU are not a sensible configuration, so that combination is refused with a
-reason rather than measured.
+reason rather than measured. Quantized weights (int8, nf4, gptq) load through
+``trials.quantization``, which says in one line which package is missing when one is.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from trials.registry import get_model
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Quantized weights (bitsandbytes int8 / NF4, GPTQ): loaded by trials.quantization.
+QUANTIZED = ("int8", "nf4", "gptq")
 
 
 @dataclass
@@ -70,13 +73,17 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
 
     hf_logging.disable_progress_bar()
 
-    if precision not in DTYPES:
+    if precision not in DTYPES and precision not in QUANTIZED:
         raise ConfigError(f"precision {precision!r} is not available in this version "
-                          f"(available: {', '.join(DTYPES)})")
+                          f"(available: {', '.join([*DTYPES, *QUANTIZED])})")
     if precision == "fp16" and device == "cpu":
         raise ConfigError("fp16 needs a CUDA device; on CPU use fp32 or bf16")
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' requested but torch sees no CUDA device")
+    if precision in QUANTIZED:
+        from trials import quantization
+
+        quantization.check_available(precision)
     entry = get_model(name)
     path = entry.path()
     if entry.source == "zoo":
@@ -89,13 +96,28 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=DTYPES[precision], trust_remote_code=entry.trust_remote_code
-    ).to(device)
+    if precision in QUANTIZED:
+        model = quantization.load_quantized(name, precision, device, tokenizer)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[precision], trust_remote_code=entry.trust_remote_code
+        ).to(device)
     model.eval()
     load_s = time.perf_counter() - started
     log.info("loaded %s (%s, %s) in %.1fs", name, precision, device, load_s)
     return LoadedModel(name, precision, device, model, tokenizer, load_s)
+
+
+_COPIES: dict[tuple[str, str, str], LoadedModel] = {}
+
+
+def load_copy(name: str, precision: str, device: str) -> LoadedModel:
+    """A second, independent instance of a model (kept apart from the LRU), e.g. a self-draft."""
+    key = (name, precision, device)
+    if key not in _COPIES:
+        _COPIES.clear()
+        _COPIES[key] = _load_uncached(name, precision, device)
+    return _COPIES[key]
 
 
 def clear_cache() -> None:
