@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import time
 
 from ray.tune import Callback
+
+from trials.config import TrialConfig
 
 
 class ProgressPrinter(Callback):
@@ -14,9 +17,10 @@ class ProgressPrinter(Callback):
         self.started = time.perf_counter()
 
     def _name(self, trial) -> str:
-        config = trial.config["trial"]
-        stack = config["stack"]
-        return f"{config['group']} {config['model']} {stack['precision']} b{stack['batch_size']}"
+        """``group model stack-label [ctxN]``, e.g. ``kv_cache zoo-gqa bf16+kv4-hqq ctx2048``."""
+        config = TrialConfig.from_dict(copy.deepcopy(trial.config["trial"]))
+        context = f" ctx{config.workload.context_tokens}" if config.workload.context_tokens else ""
+        return f"{config.group} {config.model} {config.stack.label}{context}"
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         print(f"[{self._elapsed()}] start  {self._name(trial)}", flush=True)

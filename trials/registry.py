@@ -28,6 +28,7 @@ class ModelEntry:
     default_draft: str | None = None
     dtype: str = "fp32"       # the precision the weights are published in
     trust_remote_code: bool = False
+    tokenizer: str | None = None  # tokenizer family: a draft must share its target's (None: unknown)
 
     def path(self) -> str:
         """What to hand to ``from_pretrained``."""
@@ -40,17 +41,17 @@ class ModelEntry:
 
 # Real models for GPU clusters with hub access. Drafts share the target's tokenizer.
 HUB_MODELS = (
-    ModelEntry("qwen2.5-0.5b-instruct", "hub", "Qwen/Qwen2.5-0.5B-Instruct", "draft", dtype="bf16"),
+    ModelEntry("qwen2.5-0.5b-instruct", "hub", "Qwen/Qwen2.5-0.5B-Instruct", "draft", dtype="bf16", tokenizer="qwen2.5"),
     ModelEntry("qwen2.5-1.5b-instruct", "hub", "Qwen/Qwen2.5-1.5B-Instruct", "target",
-               default_draft="qwen2.5-0.5b-instruct", dtype="bf16"),
+               default_draft="qwen2.5-0.5b-instruct", dtype="bf16", tokenizer="qwen2.5"),
     ModelEntry("qwen2.5-7b-instruct", "hub", "Qwen/Qwen2.5-7B-Instruct", "target",
-               default_draft="qwen2.5-0.5b-instruct", dtype="bf16"),
+               default_draft="qwen2.5-0.5b-instruct", dtype="bf16", tokenizer="qwen2.5"),
     ModelEntry("llama-3.2-1b-instruct", "hub", "meta-llama/Llama-3.2-1B-Instruct", "draft",
-               dtype="bf16"),
+               dtype="bf16", tokenizer="llama-3"),
     ModelEntry("llama-3.2-3b-instruct", "hub", "meta-llama/Llama-3.2-3B-Instruct", "target",
-               default_draft="llama-3.2-1b-instruct", dtype="bf16"),
+               default_draft="llama-3.2-1b-instruct", dtype="bf16", tokenizer="llama-3"),
     ModelEntry("llama-3.1-8b-instruct", "hub", "meta-llama/Llama-3.1-8B-Instruct", "target",
-               default_draft="llama-3.2-1b-instruct", dtype="bf16"),
+               default_draft="llama-3.2-1b-instruct", dtype="bf16", tokenizer="llama-3"),
 )
 
 
@@ -60,7 +61,8 @@ def all_models() -> dict[str, ModelEntry]:
 
     entries = {}
     for name, recipe in zoo.RECIPES.items():
-        entries[name] = ModelEntry(name, "zoo", name, recipe.role, default_draft=recipe.default_draft)
+        entries[name] = ModelEntry(name, "zoo", name, recipe.role, default_draft=recipe.default_draft,
+                                   tokenizer=f"zoo-{recipe.zoo_set}")
     for entry in HUB_MODELS:
         entries[entry.name] = entry
     return entries

@@ -1,0 +1,281 @@
+"""Speculative decoding, measured: transformers' own assisted generation, instrumented to count.
+
+A cheap proposer guesses ``k`` tokens; the target checks all of them in one forward pass and keeps
+the longest prefix it agrees with, plus one token of its own. Decode is memory-bandwidth-bound, so
+checking k+1 tokens costs about one ordinary step: if the guesses are often right (acceptance α) and
+cheap (a draft step costs c target steps), each target pass emits more than one token.
+Leviathan et al. (2023) give, for k proposals per round with independent acceptance α,
+
+    expected tokens per target pass  E = (1 - α^(k+1)) / (1 - α)
+    predicted speedup                S = E / (k·c + 1)
+
+Both are logged beside what was measured, from the α and c measured in the same trial. Where the two
+part, the trial logs why: ``verify_cost_ratio`` (a verification pass / a plain decode step: Leviathan
+takes it as 1), ``tokens_per_pass_vs_theory`` (measured / expected tokens per pass: above 1 when α
+differs between prompts, as a mixed workload's does) and ``speedup_from_counts`` (the same formula
+fed with the measured tokens per pass and pass costs).
+
+Two proposers, both from transformers (we do not re-write the algorithm):
+
+* ``draft``: a small model of the same tokenizer (``assistant_model=``), with a constant k (set on
+  the draft's generation config, as transformers reads it there; the adaptive schedule and the
+  confidence early-exit are switched off so that k means what the charts say);
+* ``prompt_lookup``: n-gram matching against the prompt and what was generated so far
+  (``prompt_lookup_num_tokens=k``); it costs almost nothing and shines on copy-heavy text.
+
+Instrumentation, without changing the algorithm: inside ``SpeculationProbe`` the target's
+``_get_candidate_generator`` is wrapped so that each ``generate()`` call's candidate generator reports
+every round: how many tokens it proposed (``get_candidates``, timed: that is the draft's cost) and
+how many the target accepted (``update_candidate_strategy`` receives ``n_matches``). One round = one
+target forward pass. A forward hook times the target's verification passes.
+
+The no-speculation baseline runs the same prompts through the same loop (``trials.run.measure``) in
+the same worker; it is measured once per worker for a given model and workload and reused by that
+worker's other speculative trials for up to ``BASELINE_MAX_AGE_S`` (the tag ``baseline_source`` says
+which trial measured it). Every greedy output must equal the baseline's token for token (``lossless``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from trials import models
+from trials.config import ConfigError, Runtime, Stack, TrialConfig
+from trials.prompts import Prompt
+from trials.run import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
+
+BASELINE_MAX_AGE_S = 15 * 60
+
+
+# ------------------------------------------------------------------------------ generate kwargs
+
+def load_draft(config: TrialConfig, target: models.LoadedModel) -> models.LoadedModel:
+    """The trial's draft model, checked to share the target's vocabulary (same token ids).
+
+    A model used as its own draft (the test of the counting: acceptance must be exactly 1) gets a
+    separate copy, so that its passes as a draft are not counted as target passes.
+    """
+    if config.stack.draft_model == config.model:
+        draft = models.load_copy(config.model, config.stack.precision, config.device)
+    else:
+        draft = models.load(config.stack.draft_model, config.stack.precision, config.device)
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ConfigError(f"draft {config.stack.draft_model!r} has a different tokenizer than target "
+                          f"{config.model!r}; speculative decoding needs the same vocabulary")
+    if draft.model.config.vocab_size != target.model.config.vocab_size:
+        raise ConfigError(f"draft {config.stack.draft_model!r} has vocab_size "
+                          f"{draft.model.config.vocab_size}, target {config.model!r} has "
+                          f"{target.model.config.vocab_size}; they must be equal")
+    return draft
+
+
+def generate_kwargs(config: TrialConfig, target: models.LoadedModel) -> dict:
+    """What ``generate()`` needs for the stack's speculation, with a constant k."""
+    stack = config.stack
+    if stack.speculation == "prompt_lookup":
+        return {"prompt_lookup_num_tokens": stack.num_draft_tokens}
+    draft = load_draft(config, target).model
+    settings = draft.generation_config
+    settings.num_assistant_tokens = stack.num_draft_tokens
+    settings.num_assistant_tokens_schedule = "constant"
+    settings.assistant_confidence_threshold = 0.0
+    return {"assistant_model": draft}
+
+
+# ------------------------------------------------------------------------------ counting
+
+@dataclass
+class Round:
+    call: int              # which generate() call (prompt) of the probe
+    proposed: int          # candidate tokens the proposer offered
+    accepted: int          # of which the target accepted (a prefix)
+    propose_s: float       # wall time of get_candidates (the draft's whole cost for this round)
+    first: bool            # the round that also pre-filled the prompt
+
+
+@dataclass
+class SpeculationProbe:
+    """Counts proposals and acceptances of every round of every ``generate()`` while entered."""
+
+    model: torch.nn.Module
+    rounds: list[Round] = field(default_factory=list)
+    verify_s: list[float] = field(default_factory=list)   # target forward passes after prefill
+    calls: int = 0
+
+    def __enter__(self) -> "SpeculationProbe":
+        original = self.model._get_candidate_generator
+
+        def instrumented(*args, **kwargs):
+            generator = original(*args, **kwargs)
+            self._instrument(generator, self.calls)
+            self.calls += 1
+            return generator
+
+        self.model._get_candidate_generator = instrumented
+        self._hooks = [self.model.register_forward_pre_hook(self._pass_started),
+                       self.model.register_forward_hook(self._pass_ended)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.model._get_candidate_generator   # back to the class's method
+        for hook in self._hooks:
+            hook.remove()
+
+    def _sync(self) -> None:
+        if next(self.model.parameters()).is_cuda:
+            torch.cuda.synchronize()
+
+    def _pass_started(self, module, args) -> None:
+        self._sync()
+        self._pass_t0 = time.perf_counter()
+
+    def _pass_ended(self, module, args, output) -> None:
+        self._sync()
+        if self.rounds and not self.rounds[-1].first:   # the first round's pass is the prefill
+            self.verify_s.append(time.perf_counter() - self._pass_t0)
+
+    def _instrument(self, generator, call: int) -> None:
+        get_candidates, update = generator.get_candidates, generator.update_candidate_strategy
+        first = [True]
+
+        def timed_get_candidates(input_ids, *args, **kwargs):
+            self._sync()
+            t0 = time.perf_counter()
+            candidates, logits = get_candidates(input_ids, *args, **kwargs)
+            self._sync()
+            self.rounds.append(Round(call, candidates.shape[1] - input_ids.shape[1], 0,
+                                     time.perf_counter() - t0, first[0]))
+            first[0] = False
+            return candidates, logits
+
+        def counted_update(input_ids, scores, num_matches):
+            self.rounds[-1].accepted = int(num_matches)
+            return update(input_ids, scores, num_matches)
+
+        generator.get_candidates = timed_get_candidates
+        generator.update_candidate_strategy = counted_update
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """E = (1 - α^(k+1)) / (1 - α): expected tokens per target pass for acceptance α, k proposals."""
+    return float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def leviathan(alpha: float, k: int, cost_ratio: float) -> tuple[float, float]:
+    """(expected tokens per target pass, predicted speedup E / (k·c + 1)) for α, k drafts, cost c."""
+    expected = expected_tokens_per_pass(alpha, k)
+    return expected, expected / (k * cost_ratio + 1)
+
+
+def speculation_metrics(probe: SpeculationProbe, prompts: list[Prompt], k: int, repeats: int,
+                        target_step_s: float) -> dict[str, float]:
+    """Acceptance, tokens per pass, token sources, cost ratio and the theory beside them."""
+    rounds = probe.rounds
+    proposed = sum(r.proposed for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    emitted = sum(r.accepted + 1 for r in rounds)
+    alpha = accepted / proposed if proposed else 0.0
+    draft_steps = [r.propose_s / r.proposed for r in rounds if r.proposed and not r.first]
+    draft_step_s = statistics.median(draft_steps) if draft_steps else 0.0
+    cost_ratio = draft_step_s / target_step_s
+    expected, predicted = leviathan(alpha, k, cost_ratio)
+    metrics = {
+        "acceptance_rate": alpha,
+        "draft_tokens_proposed": proposed / repeats,
+        "draft_tokens_accepted": accepted / repeats,
+        "target_passes": len(rounds) / repeats,
+        "tokens_per_target_pass": emitted / len(rounds),
+        "tokens_from_draft": accepted / repeats,
+        "tokens_from_target": len(rounds) / repeats,     # each pass adds one token of its own
+        "rounds_without_proposal": sum(1 for r in rounds if not r.proposed) / repeats,
+        "draft_step_s": draft_step_s,
+        "target_step_s": target_step_s,
+        "draft_cost_ratio": cost_ratio,
+        "expected_tokens_per_target_pass": expected,
+        "predicted_speedup": predicted,
+    }
+    metrics["tokens_per_pass_vs_theory"] = metrics["tokens_per_target_pass"] / expected
+    if probe.verify_s:
+        # Where Leviathan's two assumptions meet the measurement: a verification pass of k+1 tokens
+        # costs one decode step (on a CPU it costs more: small matmuls are partly compute-bound),
+        # and α is the same for every token (a mix of easy and hard prompts emits more per pass).
+        # speedup_from_counts puts the measured tokens per pass and pass costs into the same formula;
+        # what separates it from the measured speedup is generate()'s own per-round bookkeeping.
+        metrics["verify_pass_s"] = statistics.median(probe.verify_s)
+        metrics["verify_cost_ratio"] = metrics["verify_pass_s"] / target_step_s
+        metrics["speedup_from_counts"] = metrics["tokens_per_target_pass"] / (
+            metrics["verify_cost_ratio"] + k * cost_ratio)
+    for i in range(1, k + 1):
+        offered = [r for r in rounds if r.proposed >= i]
+        if offered:
+            metrics[f"accepted_per_position_{i}"] = sum(r.accepted >= i for r in offered) / len(offered)
+    for type_ in sorted({p.type for p in prompts}):
+        calls = {c for c in range(probe.calls) if prompts[c % len(prompts)].type == type_}
+        typed = [r for r in rounds if r.call in calls]
+        offered = sum(r.proposed for r in typed)
+        if offered:
+            metrics[f"acceptance_rate_{type_}"] = sum(r.accepted for r in typed) / offered
+    return metrics
+
+
+# ------------------------------------------------------------------------------ the trial
+
+@dataclass
+class _Baseline:
+    measured: Measured
+    tok_per_s: float
+    step_s: float
+    at: float
+    config_hash: str
+
+
+_BASELINES: dict[tuple, _Baseline] = {}
+
+
+def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt]) -> tuple[_Baseline, str]:
+    """The no-speculation run of the same prompts in this worker (measured, or reused if recent)."""
+    plain = TrialConfig(group=config.group, model=config.model, device=config.device,
+                        stack=Stack(precision=config.stack.precision), workload=config.workload,
+                        repeats=config.repeats, seed=config.seed)
+    key = (plain.config_hash,)
+    cached = _BASELINES.get(key)
+    if cached and time.time() - cached.at < BASELINE_MAX_AGE_S:
+        return cached, f"reused: measured {time.time() - cached.at:.0f} s earlier in this worker " \
+                       f"(trial {cached.config_hash})"
+    measured = measure(plain, loaded, prompts, generate_kwargs={})
+    throughput = [sum(b.decode_tokens for b in rep) / sum(b.decode_s for b in rep)
+                  for rep in measured.repeats]
+    steps = [b.decode_s / b.decode_tokens for rep in measured.repeats for b in rep]
+    _BASELINES[key] = _Baseline(measured, statistics.median(throughput), statistics.median(steps),
+                                time.time(), config.config_hash)
+    return _BASELINES[key], "this trial"
+
+
+def run_speculative(config: TrialConfig, runtime: Runtime) -> TrialResult:
+    """Baseline and speculative decoding of the same prompts, counted and compared token for token."""
+    stack = config.stack
+    if stack.speculation == "none":
+        raise ConfigError("the speculative group needs speculation 'draft' or 'prompt_lookup'")
+    if stack.batch_size != 1:
+        raise ConfigError("speculative decoding runs at batch_size 1 only")
+    loaded = models.load(config.model, stack.precision, config.device)
+    prompts = trial_prompts(config, loaded)
+    baseline, source = _baseline(config, loaded, prompts)
+    kwargs = generate_kwargs(config, loaded)
+    probe = SpeculationProbe(loaded.model)
+    measured = measure(config, loaded, prompts, generate_kwargs=kwargs, probe=probe)
+    result = finish(config, runtime, loaded, measured,
+                    tags={"baseline_source": source, "proposer": stack.draft_model or "prompt lookup"})
+    metrics = speculation_metrics(probe, prompts, stack.num_draft_tokens, config.repeats,
+                                  baseline.step_s)
+    metrics.update(compare_outputs(measured.outputs(), baseline.measured.outputs()))
+    metrics["baseline_tok_per_s"] = baseline.tok_per_s
+    metrics["speedup"] = result.metrics["tok_per_s"] / baseline.tok_per_s
+    metrics["speedup_vs_predicted"] = metrics["speedup"] / metrics["predicted_speedup"]
+    result.metrics.update(metrics)
+    result.raw["rounds"] = [r.__dict__ for r in probe.rounds[: len(probe.rounds) // config.repeats]]
+    return result
