@@ -12,10 +12,12 @@ Profiles size the workload: ``quick`` fits a 2-core CPU in minutes, ``full`` is 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
-from trials.config import Stack, TrialConfig, Workload
+from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.registry import get_model, zoo_targets
 
 
@@ -51,8 +53,130 @@ def baseline(models: list[str], profile: Profile, device: str) -> list[TrialConf
             for precision in precisions]
 
 
+def quantization(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+    """Each target at every weight precision, reference precision first (fp16 on CUDA only).
+
+    GPTQ is always planned: without its optional extra those trials fail at once with the install
+    line, and the sweep goes on. Each trial also scores perplexity and (once per worker and model)
+    runs the reference precision, so the quick profile halves prompts and new tokens to keep the
+    group at a few minutes on two CPU cores.
+    """
+    precisions = ["fp32", "bf16", "int8", "nf4", "gptq"] if device == "cpu" \
+        else ["fp32", "bf16", "fp16", "int8", "nf4", "gptq"]
+    workload = profile.workload()
+    if profile.name == "quick":
+        workload = Workload(workload.prompt_set, max(1, profile.prompts_per_type // 2),
+                            profile.max_new_tokens // 2)
+    return [TrialConfig(group="quantization", model=model, device=device,
+                        stack=Stack(precision=precision), workload=workload, repeats=profile.repeats)
+            for model in models if get_model(model).role == "target"
+            for precision in precisions]
+
+
+# The quick ladder stops where one CPU thread stops gaining: the zoo's largest target went from 525
+# to 531 tok/s between batch 32 and 64 (trials/batching.py, measured on the 2-core dev machine).
+BATCH_LADDERS = {"quick": (1, 2, 4, 8, 16, 32), "full": (1, 2, 4, 8, 16, 32, 64, 128)}
+
+
+def batching(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+    """Each target's batch ladder, smallest first (an OOM on CUDA ends the ladder), at fp32 so that
+    batched greedy outputs can be required to equal batch 1's; only the batch size changes."""
+    return [TrialConfig(group="batching", model=model, device=device,
+                        stack=Stack(precision="fp32", batch_size=size), workload=profile.workload(),
+                        repeats=profile.repeats)
+            for model in models if get_model(model).role == "target"
+            for size in BATCH_LADDERS[profile.name]]
+
+
+# KV-cache precisions: the full-precision cache first (the reference the others are compared to,
+# reused by a worker's next trials), then HQQ 8/4/2 and quanto 4/2 (quanto cannot pack 8 bits).
+KV_STACKS = ((16, "none"), (8, "hqq"), (4, "hqq"), (2, "hqq"), (4, "quanto"), (2, "quanto"))
+# Per profile: contexts (prompt tokens) and the workload at each. The quick profile fits the zoo
+# (4096 positions) and a 2-core CPU: two prose prompts (the type whose next word is least certain,
+# so the most sensitive to cache error), 32 new tokens, 2 repeats. Measured on the 2-core dev
+# machine with --workers 1: 72 trials in 317 s; zoo-large at 2048 tokens took 8 s with the full
+# cache, 9 s with quanto, 18-20 s with HQQ (its quantizer optimizes every group at prefill).
+KV_SIZING = {
+    "quick": dict(contexts=(256, 1024, 2048), prompt_set="prose", prompts_per_type=2,
+                  max_new_tokens=32, repeats=2),
+    "full": dict(contexts=(512, 1024, 2048, 3072, 8192, 16384, 32768), prompt_set="mixed", prompts_per_type=2,
+                 max_new_tokens=128, repeats=3),
+}
+
+
+def _max_positions(model: str) -> int | None:
+    """The model's ``max_position_embeddings`` where its config is on disk (zoo, local folder)."""
+    entry = get_model(model)
+    if entry.source == "hub":
+        return None
+    path = Path(entry.path()) / "config.json"
+    return json.loads(path.read_text()).get("max_position_embeddings") if path.is_file() else None
+
+
+def kv_cache(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+    """Each target's cache at 16/8/4/2 bits over a range of contexts (those that fit the model's
+    positions), bf16 weights so that the full-precision cache is the 16-bit one."""
+    sizing = KV_SIZING[profile.name]
+    configs = []
+    for model in models:
+        if get_model(model).role != "target":
+            continue
+        limit = _max_positions(model)
+        for context in sizing["contexts"]:
+            if limit is not None and context + sizing["max_new_tokens"] > limit:
+                continue
+            workload = Workload(sizing["prompt_set"], sizing["prompts_per_type"],
+                                sizing["max_new_tokens"], context_tokens=context)
+            configs += [TrialConfig(group="kv_cache", model=model, device=device,
+                                    stack=Stack(precision="bf16", kv_bits=bits, kv_backend=backend),
+                                    workload=workload, repeats=sizing["repeats"])
+                        for bits, backend in KV_STACKS]
+    return configs
+
+
+# Speculative decoding, per profile: draft k values, prompt-lookup k values, and the workload. Every
+# prompt type is in (acceptance differs by type: drafts on code, lookup on copy-heavy text); the
+# quick profile halves the prompts and repeats to keep the group at minutes on two CPU cores.
+SPECULATIVE_SIZING = {
+    "quick": dict(draft_k=(1, 2, 4, 6), lookup_k=(4,), prompts_per_type=2, repeats=2),
+    "full": dict(draft_k=(1, 2, 3, 4, 6, 8), lookup_k=(2, 4, 8), prompts_per_type=8, repeats=5),
+}
+
+
+def speculative(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+    """Each target with its registry draft at every k, then prompt lookup; batch 1, greedy.
+
+    Each trial also measures (once per worker and model) the no-speculation baseline of the same
+    prompts, so there is no separate baseline trial. A target without a draft is an error here,
+    before anything runs; drafts given in ``--models`` are skipped (they are proposers, not targets).
+    """
+    sizing = SPECULATIVE_SIZING[profile.name]
+    precision = "fp32" if device == "cpu" else "bf16"
+    workload = Workload("mixed", sizing["prompts_per_type"], profile.max_new_tokens)
+    configs = []
+    for model in models:
+        entry = get_model(model)
+        if entry.role != "target":
+            continue
+        if entry.default_draft is None:
+            raise ConfigError(f"target {model!r} has no draft model in the registry; speculative "
+                              "decoding needs one (give it a default_draft, or leave it out of "
+                              "--models for this group)")
+        stacks = [Stack(precision=precision, speculation="draft", draft_model=entry.default_draft,
+                        num_draft_tokens=k) for k in sizing["draft_k"]]
+        stacks += [Stack(precision=precision, speculation="prompt_lookup", num_draft_tokens=k)
+                   for k in sizing["lookup_k"]]
+        configs += [TrialConfig(group="speculative", model=model, device=device, stack=stack,
+                                workload=workload, repeats=sizing["repeats"]) for stack in stacks]
+    return configs
+
+
 SPACES: dict[str, Callable[[list[str], Profile, str], list[TrialConfig]]] = {
     "baseline": baseline,
+    "speculative": speculative,
+    "kv_cache": kv_cache,
+    "batching": batching,
+    "quantization": quantization,
 }
 
 

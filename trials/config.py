@@ -19,6 +19,7 @@ GROUPS = ("baseline", "speculative", "kv_cache", "batching", "quantization", "st
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
 KV_BITS = (16, 8, 4, 2)
 KV_BACKENDS = ("none", "hqq", "quanto")      # transformers' QuantizedCache backends
+KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2)}   # of KV_BITS, what each backend packs
 SPECULATION = ("none", "draft", "prompt_lookup")
 DEVICES = ("cpu", "cuda")
 
@@ -56,6 +57,9 @@ class Stack:
         _check((self.kv_bits == 16) == (self.kv_backend == "none"),
                "a quantized KV cache (kv_bits < 16) needs kv_backend 'hqq' or 'quanto', "
                "and kv_bits 16 needs kv_backend 'none'")
+        _check(self.kv_backend == "none" or self.kv_bits in KV_BACKEND_BITS[self.kv_backend],
+               f"kv_backend {self.kv_backend!r} does not support kv_bits {self.kv_bits}; it supports "
+               f"{', '.join(map(str, KV_BACKEND_BITS.get(self.kv_backend, ())))}")
         _check(isinstance(self.kv_group_size, int) and self.kv_group_size >= 1,
                f"kv_group_size must be an integer >= 1, got {self.kv_group_size!r}")
         _check(isinstance(self.kv_residual_length, int) and self.kv_residual_length >= 0,
@@ -137,7 +141,11 @@ class TrialConfig:
         self.stack.validate()
         self.workload.validate()
         if self.stack.draft_model is not None:
-            get_model(self.stack.draft_model)
+            draft, target = get_model(self.stack.draft_model), get_model(self.model)
+            _check(draft.tokenizer is None or target.tokenizer is None
+                   or draft.tokenizer == target.tokenizer,
+                   f"draft {draft.name!r} uses the {draft.tokenizer} tokenizer but target "
+                   f"{target.name!r} uses {target.tokenizer}; a draft must share its target's vocabulary")
 
     @property
     def config_hash(self) -> str:
@@ -190,3 +198,4 @@ class Runtime:
     num_threads: int | None = None
     git_sha: str = "unknown"
     sweep_id: str = ""
+    memory_budget_bytes: int | None = None   # emulate a device this size (trials.batching): oom above it

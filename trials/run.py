@@ -43,7 +43,7 @@ from trials.environment import environment_tags
 from trials.kv_footprint import KVFootprintError, kv_footprint
 from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
                             track_peak_memory)
-from trials.prompts import Prompt, workload_prompts
+from trials.prompts import Prompt, extend_to_tokens, workload_prompts
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +172,13 @@ def generation_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
     stack = config.stack
     kwargs: dict = {}
     if stack.kv_bits != 16:
-        raise ConfigError(f"stack {stack.label}: quantized KV cache is not implemented yet")
+        from trials import kv_cache
+
+        kwargs.update(kv_cache.generate_kwargs(config, loaded))
     if stack.speculation != "none":
-        raise ConfigError(f"stack {stack.label}: speculative decoding is not implemented yet")
+        from trials import speculative
+
+        kwargs.update(speculative.generate_kwargs(config, loaded))
     return kwargs
 
 
@@ -247,10 +251,12 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: models.LoadedModel, me
 
 
 def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Prompt]:
-    """The workload's prompts, in a fixed order (the same for every stack of a model)."""
+    """The workload's prompts, in a fixed order (the same for every stack of a model); with
+    ``context_tokens`` each is extended to exactly that many tokens of the model's tokenizer."""
+    prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
     if config.workload.context_tokens:
-        raise ConfigError("workload.context_tokens is not implemented yet")
-    return workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
+        prompts = extend_to_tokens(prompts, loaded.tokenizer, config.workload.context_tokens)
+    return prompts
 
 
 def run_plain(config: TrialConfig, runtime: Runtime) -> TrialResult:
@@ -264,6 +270,10 @@ def run_plain(config: TrialConfig, runtime: Runtime) -> TrialResult:
 # Each runner composes the pieces above (load, measure, compare_outputs, finish) and adds its own
 # measurements, so every group's numbers come from the same loop.
 GROUP_RUNNERS: dict[str, str] = {
+    "speculative": "trials.speculative:run_speculative",
+    "kv_cache": "trials.kv_cache:run_kv_cache",
+    "batching": "trials.batching:run_batching",
+    "quantization": "trials.quantization:run_quantization",
 }
 
 
@@ -307,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--memory-budget", default=None, metavar="SIZE",
+                        help="emulate a device with this much memory, e.g. 2GiB (batching group)")
     parser.add_argument("--raw", action="store_true", help="include per-repeat numbers and texts")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -320,7 +332,12 @@ def main(argv: list[str] | None = None) -> int:
                                  workload=Workload(args.prompt_set, args.prompts_per_type,
                                                    args.max_new_tokens),
                                  repeats=args.repeats)
-        result = run_trial(config, Runtime(num_threads=args.threads))
+        budget = None
+        if args.memory_budget is not None:
+            from trials.batching import parse_memory_budget
+
+            budget = parse_memory_budget(args.memory_budget)
+        result = run_trial(config, Runtime(num_threads=args.threads, memory_budget_bytes=budget))
     except (ConfigError, json.JSONDecodeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
