@@ -54,7 +54,7 @@ def test_a_target_as_its_own_draft_accepts_everything_and_emits_k_plus_1_per_pas
     result = run_trial(_config(k=k, draft="tiny-mha"))
     assert result.status == "FINISHED", result.error
     m = result.metrics
-    assert m["acceptance_rate"] == 1.0
+    assert m["acceptance_rate"] == 1.0 and m["alpha"] == 1.0 and m["rejected_rounds"] == 0
     assert m["tokens_per_target_pass"] == k + 1
     assert m["expected_tokens_per_target_pass"] == k + 1
     assert all(m[f"accepted_per_position_{i}"] == 1.0 for i in range(1, k + 1))
@@ -69,7 +69,11 @@ def test_draft_speculation_is_lossless_and_counts_add_up_cpu(tiny_zoo):
     _check_accounting(result)
     assert 0 < m["acceptance_rate"] < 1
     assert m["baseline_tok_per_s"] > 0 and m["speedup"] == pytest.approx(m["tok_per_s"] / m["baseline_tok_per_s"])
-    expected, predicted = leviathan(m["acceptance_rate"], 2, m["draft_cost_ratio"])
+    # α is per token: accepted over tested (accepted + the rejection that ends a round)
+    assert m["alpha"] == pytest.approx(m["draft_tokens_accepted"]
+                                       / (m["draft_tokens_accepted"] + m["rejected_rounds"]))
+    assert m["alpha"] >= m["acceptance_rate"]
+    expected, predicted = leviathan(m["alpha"], 2, m["draft_cost_ratio"])
     assert m["expected_tokens_per_target_pass"] == pytest.approx(expected)
     assert m["predicted_speedup"] == pytest.approx(predicted)
     assert m["draft_cost_ratio"] == pytest.approx(m["draft_step_s"] / m["target_step_s"])

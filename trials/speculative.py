@@ -9,11 +9,16 @@ Leviathan et al. (2023) give, for k proposals per round with independent accepta
     expected tokens per target pass  E = (1 - α^(k+1)) / (1 - α)
     predicted speedup                S = E / (k·c + 1)
 
-Both are logged beside what was measured, from the α and c measured in the same trial. Where the two
-part, the trial logs why: ``verify_cost_ratio`` (a verification pass / a plain decode step: Leviathan
-takes it as 1), ``tokens_per_pass_vs_theory`` (measured / expected tokens per pass: above 1 when α
-differs between prompts, as a mixed workload's does) and ``speedup_from_counts`` (the same formula
-fed with the measured tokens per pass and pass costs).
+Both are logged beside what was measured, from the α and c measured in the same trial. α here is
+the per-token acceptance probability (``alpha``: accepted / (accepted + rounds ending in a
+rejection), its maximum-likelihood estimate), not ``acceptance_rate`` = accepted / proposed, which
+falls with k by construction because tokens after a rejection are proposed but never tested.
+Where prediction and measurement part, the trial logs why: ``verify_cost_ratio`` (a verification
+pass / a plain decode step; Leviathan takes it as 1, and on a CPU it is 1.1-1.8 because a pass over
+k+1 tokens is partly compute-bound), ``predicted_speedup_measured_verify`` (the prediction with that
+measured cost in place of 1), ``tokens_per_pass_vs_theory`` (measured / expected tokens per pass)
+and ``speedup_from_counts`` (the formula fed with the measured tokens per pass and pass costs; what
+separates it from the measured speedup is generate()'s own per-round bookkeeping).
 
 Two proposers, both from transformers (we do not re-write the algorithm):
 
@@ -178,13 +183,21 @@ def speculation_metrics(probe: SpeculationProbe, prompts: list[Prompt], k: int, 
     proposed = sum(r.proposed for r in rounds)
     accepted = sum(r.accepted for r in rounds)
     emitted = sum(r.accepted + 1 for r in rounds)
-    alpha = accepted / proposed if proposed else 0.0
+    # Leviathan's α is the chance that a draft token is accepted once every token before it was;
+    # accepted / proposed is not it (tokens after the first rejection are proposed but never
+    # tested, so accepted / proposed falls with k even when α does not). Under the model each
+    # tested token is a Bernoulli(α) trial and testing stops at the first rejection, so the
+    # maximum-likelihood α is accepted / (accepted + rounds that ended in a rejection).
+    rejected = sum(1 for r in rounds if r.accepted < r.proposed)
+    alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0
     draft_steps = [r.propose_s / r.proposed for r in rounds if r.proposed and not r.first]
     draft_step_s = statistics.median(draft_steps) if draft_steps else 0.0
     cost_ratio = draft_step_s / target_step_s
     expected, predicted = leviathan(alpha, k, cost_ratio)
     metrics = {
-        "acceptance_rate": alpha,
+        "acceptance_rate": accepted / proposed if proposed else 0.0,
+        "alpha": alpha,
+        "rejected_rounds": rejected / repeats,
         "draft_tokens_proposed": proposed / repeats,
         "draft_tokens_accepted": accepted / repeats,
         "target_passes": len(rounds) / repeats,
@@ -200,15 +213,13 @@ def speculation_metrics(probe: SpeculationProbe, prompts: list[Prompt], k: int, 
     }
     metrics["tokens_per_pass_vs_theory"] = metrics["tokens_per_target_pass"] / expected
     if probe.verify_s:
-        # Where Leviathan's two assumptions meet the measurement: a verification pass of k+1 tokens
-        # costs one decode step (on a CPU it costs more: small matmuls are partly compute-bound),
-        # and α is the same for every token (a mix of easy and hard prompts emits more per pass).
-        # speedup_from_counts puts the measured tokens per pass and pass costs into the same formula;
-        # what separates it from the measured speedup is generate()'s own per-round bookkeeping.
+        # Leviathan assumes a verification pass of k+1 tokens costs one decode step; measure it.
         metrics["verify_pass_s"] = statistics.median(probe.verify_s)
         metrics["verify_cost_ratio"] = metrics["verify_pass_s"] / target_step_s
         metrics["speedup_from_counts"] = metrics["tokens_per_target_pass"] / (
             metrics["verify_cost_ratio"] + k * cost_ratio)
+        metrics["predicted_speedup_measured_verify"] = expected / (metrics["verify_cost_ratio"]
+                                                                   + k * cost_ratio)
     for i in range(1, k + 1):
         offered = [r for r in rounds if r.proposed >= i]
         if offered:

@@ -14,7 +14,8 @@ Across models:
 Deep dive, per model (selector):
 
 3. Acceptance and tokens per target pass vs k, measured, with the theory curve E(k) from the α
-   pooled over that proposer's trials (and each trial's own prediction as an open marker).
+   pooled over that proposer's trials (and each trial's own prediction as an open marker). α is the
+   per-token acceptance probability; the acceptance line is accepted / proposed, which falls with k.
 4. Throughput vs k, the no-speculation baseline as a reference line, and the predicted throughput
    (baseline × predicted speedup) beside each measured point.
 5. Where the emitted tokens came from at the best k: accepted draft tokens vs the target's own
@@ -67,13 +68,14 @@ def best_k(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def pooled_alpha(part: pd.DataFrame) -> float | None:
-    """Accepted / proposed over all of a proposer's trials of one model (the counts, not a mean of rates)."""
-    if {"draft_tokens_accepted", "draft_tokens_proposed"} <= set(part.columns):
-        proposed = pd.to_numeric(part["draft_tokens_proposed"], errors="coerce").sum()
-        if proposed > 0:
-            return float(pd.to_numeric(part["draft_tokens_accepted"], errors="coerce").sum() / proposed)
-    rates = pd.to_numeric(part["acceptance_rate"], errors="coerce").dropna()
-    return float(rates.mean()) if not rates.empty else None
+    """Leviathan's per-token α over all of a proposer's trials of one model, from the pooled counts:
+    accepted / (accepted + rounds ending in a rejection), as ``trials.speculative`` estimates it."""
+    if {"draft_tokens_accepted", "rejected_rounds"} <= set(part.columns):
+        accepted = pd.to_numeric(part["draft_tokens_accepted"], errors="coerce").sum()
+        tested = accepted + pd.to_numeric(part["rejected_rounds"], errors="coerce").sum()
+        if tested > 0:
+            return float(accepted / tested)
+    return None
 
 
 def _hover_rows(part: pd.DataFrame) -> list[list[str]]:
@@ -84,6 +86,7 @@ def _hover_rows(part: pd.DataFrame) -> list[list[str]]:
             value = pd.to_numeric(row.get(column), errors="coerce")
             return "n/a" if pd.isna(value) else pattern.format(float(value))
         data.append(base + [f("num_draft_tokens", "{:.0f}"), f("acceptance_rate", "{:.1%}"),
+                            f("alpha", "{:.3f}"),
                             f("tokens_per_target_pass", "{:.2f}"),
                             f("expected_tokens_per_target_pass", "{:.2f}"), f("speedup", "{:.2f}x"),
                             f("predicted_speedup", "{:.2f}x"), f("draft_cost_ratio", "{:.3f}"),
@@ -91,10 +94,10 @@ def _hover_rows(part: pd.DataFrame) -> list[list[str]]:
     return data
 
 
-SPEC_HOVER = ("k: %{customdata[8]} · acceptance: %{customdata[9]}<br>"
-              "tokens per target pass: %{customdata[10]} (theory %{customdata[11]})<br>"
-              "speedup: %{customdata[12]} (predicted %{customdata[13]})<br>"
-              "draft cost ratio: %{customdata[14]} · lossless: %{customdata[15]}<br>")
+SPEC_HOVER = ("k: %{customdata[8]} · accepted/proposed: %{customdata[9]} · α: %{customdata[10]}<br>"
+              "tokens per target pass: %{customdata[11]} (theory %{customdata[12]})<br>"
+              "speedup: %{customdata[13]} (predicted %{customdata[14]})<br>"
+              "draft cost ratio: %{customdata[15]} · lossless: %{customdata[16]}<br>")
 
 
 # ------------------------------------------------------------------------------ across models
@@ -308,12 +311,18 @@ def caption(frame: pd.DataFrame) -> str:
         for column, meaning in (("verify_cost_ratio", "a verification pass costs {:.2f}x a decode step "
                                  "(theory: 1)"),
                                 ("tokens_per_pass_vs_theory", "measured tokens per pass are {:.2f}x the "
-                                 "theory's (α differs between prompts)")):
+                                 "theory's")):
             values = pd.to_numeric(rows.get(column), errors="coerce").dropna()
             if not values.empty:
                 why.append(meaning.format(values.median()))
         if why:
             text += "Where they part (medians): " + "; ".join(why) + ". "
+    if {"speedup", "predicted_speedup_measured_verify"} <= set(rows.columns):
+        verified = (pd.to_numeric(rows["speedup"], errors="coerce")
+                    / pd.to_numeric(rows["predicted_speedup_measured_verify"], errors="coerce")).dropna()
+        if not verified.empty:
+            text += (f"With the measured verification cost in place of 1: measured / predicted "
+                     f"{verified.min():.2f}–{verified.max():.2f}, median {verified.median():.2f}. ")
     text += (f"Lossless (every output equals the baseline token for token): "
              f"{len(rows) - len(lossy)} of {len(rows)} trials"
              + (f"; not lossless: {', '.join(sorted(set(lossy['stack'].astype(str))))}. " if len(lossy) else ". "))
