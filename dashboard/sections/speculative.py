@@ -17,7 +17,8 @@ Deep dive, per model (selector):
    pooled over that proposer's trials (and each trial's own prediction as an open marker). α is the
    per-token acceptance probability; the acceptance line is accepted / proposed, which falls with k.
 4. Throughput vs k, the no-speculation baseline as a reference line, and the predicted throughput
-   (baseline × predicted speedup) beside each measured point.
+   (baseline × predicted speedup) beside each measured point, also with the measured cost of a
+   verification pass in place of Leviathan's one decode step.
 5. Where the emitted tokens came from at the best k: accepted draft tokens vs the target's own
    token of every pass.
 6. Acceptance by prompt type (code, prose, structured, repetitive) at the best k.
@@ -194,7 +195,7 @@ def acceptance_vs_k(rows: pd.DataFrame, model: str) -> go.Figure:
                 hovertemplate=f"theory at pooled α={alpha:.3f}<br>k: %{{x}}<br>%{{y:.2f}} tokens per pass"
                               "<extra></extra>"), secondary_y=False)
         figure.add_trace(go.Scatter(
-            name=f"{name}: acceptance (%)", x=ks, y=[100 * float(v) for v in part["acceptance_rate"]],
+            name=f"{name}: accepted / proposed (%)", x=ks, y=[100 * float(v) for v in part["acceptance_rate"]],
             mode="lines+markers", line=dict(color=color, dash="dot"), marker=dict(symbol="diamond"),
             customdata=custom,
             hovertemplate=f"<b>{name}</b><br>k: %{{x}}<br>acceptance: %{{y:.1f}}%<br>" + PROVENANCE_HOVER
@@ -202,7 +203,8 @@ def acceptance_vs_k(rows: pd.DataFrame, model: str) -> go.Figure:
     figure.update_layout(title=f"{model}: acceptance and tokens per target pass vs k", **LAYOUT)
     figure.update_xaxes(title_text="k (draft tokens proposed per round)", dtick=1)
     figure.update_yaxes(title_text="tokens per target pass", rangemode="tozero", secondary_y=False)
-    figure.update_yaxes(title_text="acceptance (%)", range=[0, 105], secondary_y=True)
+    figure.update_yaxes(title_text="accepted / proposed (%)", range=[0, 105], dtick=20, showgrid=False,
+                        secondary_y=True)
     return figure
 
 
@@ -227,6 +229,15 @@ def throughput_vs_k(rows: pd.DataFrame, model: str) -> go.Figure:
                 mode="markers", marker=dict(size=14, symbol="x-thin-open", color=COLORS[speculation],
                                             line=dict(width=2)),
                 hovertemplate=f"<b>{name}</b> predicted<br>k: %{{x}}<br>%{{y:.1f}} tok/s<extra></extra>"))
+        if "predicted_speedup_measured_verify" in part.columns:
+            figure.add_trace(go.Scatter(
+                name=f"{name} (predicted with the measured verification cost)", x=ks,
+                y=[float(b) * float(s) for b, s in zip(part["baseline_tok_per_s"],
+                                                       part["predicted_speedup_measured_verify"])],
+                mode="markers", marker=dict(size=12, symbol="cross-thin-open", color=COLORS[speculation],
+                                            line=dict(width=2)),
+                hovertemplate=f"<b>{name}</b> predicted, verification pass as measured<br>k: %{{x}}<br>"
+                              "%{y:.1f} tok/s<extra></extra>"))
     baseline = float(rows["baseline_tok_per_s"].median())
     figure.add_hline(y=baseline, line_dash="dash", line_color=COLORS["baseline"],
                      annotation_text=f"no speculation: {baseline:.1f} tok/s",
@@ -299,8 +310,9 @@ def caption(frame: pd.DataFrame) -> str:
     ratio = pd.to_numeric(rows.get("speedup_vs_predicted"), errors="coerce").dropna()
     best = best_k(rows)
     drafts = best[best["speculation"] == "draft"]
-    parts = [f"{r.model}: {r.speedup:.2f}x at k={r.num_draft_tokens:.0f} (α {r.acceptance_rate:.0%}, "
-             f"cost ratio {r.draft_cost_ratio:.2f})" for r in drafts.itertuples()] \
+    parts = [f"{r.model}: {r.speedup:.2f}x at k={r.num_draft_tokens:.0f} (accepted/proposed "
+             f"{r.acceptance_rate:.0%}, α {getattr(r, 'alpha', float('nan')):.2f}, cost ratio "
+             f"{r.draft_cost_ratio:.2f})" for r in drafts.itertuples()] \
         if "draft_cost_ratio" in drafts.columns else []
     text = ("Greedy, batch 1; the baseline is the same prompts without speculation, measured in the same "
             f"worker (median of repeats). Draft speculation at its best k: {'; '.join(parts) or 'n/a'}. ")
