@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +54,8 @@ from trials import models
 from trials.config import ConfigError, Runtime, Stack, TrialConfig
 from trials.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
 from trials.prompts import Prompt
-from trials.run import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.run import (Measured, TrialResult, WorkerMemo, compare_outputs, finish, measure,
+                        trial_prompts)
 
 BACKEND_PACKAGES = {"hqq": ("hqq", "hqq"), "quanto": ("optimum.quanto", "optimum-quanto")}
 REFERENCE_MAX_AGE_S = 30 * 60
@@ -216,11 +216,9 @@ class Reference:
     outputs: dict[str, list[int]]
     logprobs: list[torch.Tensor]
     targets: list[torch.Tensor]
-    config_hash: str
-    at: float
 
 
-_REFERENCES: dict[str, Reference] = {}
+_REFERENCES = WorkerMemo(max_age_s=REFERENCE_MAX_AGE_S, keep_latest=True)
 
 
 def _reference_config(config: TrialConfig) -> TrialConfig:
@@ -242,17 +240,15 @@ def reference(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
     the full-precision stack, else the one this worker measured recently, else measured now (one
     pass; its timing is not used). Only the latest reference is kept, to bound memory."""
     plain = _reference_config(config)
-    cached = _REFERENCES.get(plain.config_hash)
-    if measured is None and cached and time.time() - cached.at < REFERENCE_MAX_AGE_S:
-        return cached, (f"reused: measured {time.time() - cached.at:.0f} s earlier in this worker "
-                        f"(trial {cached.config_hash})")
-    if measured is None:
-        measured = measure(plain, loaded, prompts, repeats=1, generate_kwargs={})
-    logprobs, targets = _teacher_forced(loaded, plain.stack, prompts, config)
-    _REFERENCES.clear()
-    _REFERENCES[plain.config_hash] = Reference(measured.outputs(), logprobs, targets,
-                                               config.config_hash, time.time())
-    return _REFERENCES[plain.config_hash], "this trial"
+
+    def make(measured: Measured | None = None) -> Reference:
+        if measured is None:
+            measured = measure(plain, loaded, prompts, repeats=1, generate_kwargs={})
+        return Reference(measured.outputs(), *_teacher_forced(loaded, plain.stack, prompts, config))
+
+    if measured is not None:
+        return _REFERENCES.put(plain.config_hash, config.config_hash, make(measured)), "this trial"
+    return _REFERENCES.get(plain.config_hash, config.config_hash, make)
 
 
 # ------------------------------------------------------------------------------ the trial

@@ -122,3 +122,4 @@ def load_copy(name: str, precision: str, device: str) -> LoadedModel:
 
 def clear_cache() -> None:
     _CACHE.clear()
+    _COPIES.clear()

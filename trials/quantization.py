@@ -74,7 +74,7 @@ from trials.config import ConfigError, Runtime, Stack, TrialConfig
 from trials.corpus import SOURCES, CorpusSpec, Document, build_corpus
 from trials.prompts import Prompt
 from trials.registry import get_model
-from trials.run import TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.run import TrialResult, WorkerMemo, compare_outputs, finish, measure, trial_prompts
 
 log = logging.getLogger(__name__)
 
@@ -416,11 +416,9 @@ class Reference:
     outputs: dict[str, list[int]]
     perplexity: Perplexity
     num_parameters: int
-    measured_by: str            # config_hash of the trial that measured it
-    at: float
 
 
-_REFERENCES: dict[str, Reference] = {}
+_REFERENCES = WorkerMemo()
 
 
 def _reference(config: TrialConfig, prompts: list[Prompt], method: PerplexityMethod) -> tuple[Reference, str]:
@@ -429,17 +427,14 @@ def _reference(config: TrialConfig, prompts: list[Prompt], method: PerplexityMet
     plain = TrialConfig(group=config.group, model=config.model, device=config.device,
                         stack=Stack(precision=precision, batch_size=config.stack.batch_size),
                         workload=config.workload, repeats=1, seed=config.seed)
-    cached = _REFERENCES.get(plain.config_hash)
-    if cached is not None:
-        return cached, (f"reused: measured {time.time() - cached.at:.0f} s earlier in this worker "
-                        f"(trial {cached.measured_by})")
-    loaded = models.load(config.model, precision, config.device)
-    measured = measure(plain, loaded, prompts, generate_kwargs={})
-    reference = Reference(precision, measured.outputs(), perplexity(loaded, method),
-                          sum(p.numel() for p in loaded.model.parameters()), config.config_hash,
-                          time.time())
-    _REFERENCES[plain.config_hash] = reference
-    return reference, "this trial"
+
+    def make() -> Reference:
+        loaded = models.load(config.model, precision, config.device)
+        measured = measure(plain, loaded, prompts, generate_kwargs={})
+        return Reference(precision, measured.outputs(), perplexity(loaded, method),
+                         sum(p.numel() for p in loaded.model.parameters()))
+
+    return _REFERENCES.get(plain.config_hash, config.config_hash, make)
 
 
 def _hf_footprint(model: torch.nn.Module) -> dict[str, float]:

@@ -259,6 +259,36 @@ def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Promp
     return prompts
 
 
+class WorkerMemo:
+    """A measurement a worker makes once and reuses for its next trials (a group's reference run).
+
+    Keyed by what determines the measurement (e.g. the reference stack's ``config_hash``); ``get``
+    also says where the value came from, for the trial's ``*_source`` tag: ``"this trial"``, or
+    ``"reused: measured N s earlier in this worker (trial <hash>)"``. Entries older than
+    ``max_age_s`` are measured again (the machine's state drifts); ``keep_latest`` bounds memory
+    to one entry when values are large.
+    """
+
+    def __init__(self, max_age_s: float | None = None, keep_latest: bool = False) -> None:
+        self.max_age_s, self.keep_latest = max_age_s, keep_latest
+        self._entries: dict = {}          # key -> (value, config_hash of the measuring trial, time)
+
+    def get(self, key, measured_by: str, make):
+        """The value for ``key`` (``make()`` when missing or too old) and where it came from."""
+        entry = self._entries.get(key)
+        if entry is not None and (self.max_age_s is None or time.time() - entry[2] < self.max_age_s):
+            return entry[0], (f"reused: measured {time.time() - entry[2]:.0f} s earlier in this worker "
+                              f"(trial {entry[1]})")
+        return self.put(key, measured_by, make()), "this trial"
+
+    def put(self, key, measured_by: str, value):
+        """Remember ``value`` (measured by trial ``measured_by``) and return it."""
+        if self.keep_latest:
+            self._entries.clear()
+        self._entries[key] = (value, measured_by, time.time())
+        return value
+
+
 def run_plain(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """A trial with nothing to compare against: load, measure, summarize (the baseline group)."""
     loaded = models.load(config.model, config.stack.precision, config.device)

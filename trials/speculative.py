@@ -51,7 +51,8 @@ import torch
 from trials import models
 from trials.config import ConfigError, Runtime, Stack, TrialConfig
 from trials.prompts import Prompt
-from trials.run import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.run import (Measured, TrialResult, WorkerMemo, compare_outputs, finish, measure,
+                        trial_prompts)
 
 BASELINE_MAX_AGE_S = 15 * 60
 
@@ -240,11 +241,9 @@ class _Baseline:
     measured: Measured
     tok_per_s: float
     step_s: float
-    at: float
-    config_hash: str
 
 
-_BASELINES: dict[tuple, _Baseline] = {}
+_BASELINES = WorkerMemo(max_age_s=BASELINE_MAX_AGE_S)
 
 
 def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt]) -> tuple[_Baseline, str]:
@@ -252,18 +251,15 @@ def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
     plain = TrialConfig(group=config.group, model=config.model, device=config.device,
                         stack=Stack(precision=config.stack.precision), workload=config.workload,
                         repeats=config.repeats, seed=config.seed)
-    key = (plain.config_hash,)
-    cached = _BASELINES.get(key)
-    if cached and time.time() - cached.at < BASELINE_MAX_AGE_S:
-        return cached, f"reused: measured {time.time() - cached.at:.0f} s earlier in this worker " \
-                       f"(trial {cached.config_hash})"
-    measured = measure(plain, loaded, prompts, generate_kwargs={})
-    throughput = [sum(b.decode_tokens for b in rep) / sum(b.decode_s for b in rep)
-                  for rep in measured.repeats]
-    steps = [b.decode_s / b.decode_tokens for rep in measured.repeats for b in rep]
-    _BASELINES[key] = _Baseline(measured, statistics.median(throughput), statistics.median(steps),
-                                time.time(), config.config_hash)
-    return _BASELINES[key], "this trial"
+
+    def make() -> _Baseline:
+        measured = measure(plain, loaded, prompts, generate_kwargs={})
+        throughput = [sum(b.decode_tokens for b in rep) / sum(b.decode_s for b in rep)
+                      for rep in measured.repeats]
+        steps = [b.decode_s / b.decode_tokens for rep in measured.repeats for b in rep]
+        return _Baseline(measured, statistics.median(throughput), statistics.median(steps))
+
+    return _BASELINES.get(plain.config_hash, config.config_hash, make)
 
 
 def run_speculative(config: TrialConfig, runtime: Runtime) -> TrialResult:
