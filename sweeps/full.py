@@ -5,10 +5,11 @@
     python sweeps/full.py --address auto --tracking-uri http://head:5000 --profile full
 
 Steps: validate the options (bad input: one line, exit 2, nothing touched) -> plan the trials of
-each group -> build the zoo models the plan needs (cached) -> create the store's experiments ->
-skip configs that already have a FINISHED run (unless --rerun) -> run the rest on Ray Tune (actors
-reused, one GPU per trial when the cluster has GPUs, else --cpus-per-trial CPUs) -> print a summary
-and where to look.
+each group -> build the zoo models the plan needs (cached) -> calibrate what a step costs on this
+machine and shrink the workloads to --budget (sweeps/budget.py; prints the estimate) -> create the
+store's experiments -> skip configs that already have a FINISHED run (unless --rerun) -> run the
+rest on Ray Tune (actors reused, one GPU per trial when the cluster has GPUs, else --cpus-per-trial
+CPUs) -> print a summary, the time of each phase, and where to look.
 """
 
 from __future__ import annotations
@@ -63,6 +64,20 @@ def _memory_budget(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _budget(text: str) -> str:
+    """Checks a --budget value; ``budget_seconds`` turns it into seconds."""
+    from sweeps.budget import parse_budget
+
+    try:
+        parse_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+DEFAULT_BUDGET = {"quick": "30m", "full": "none"}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="python sweeps/full.py", description=__doc__.split("\n\n")[0],
                            epilog=__doc__.split("\n\n", 1)[1],
@@ -87,6 +102,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="emulate a device with this much memory, e.g. 2GiB or 512MiB (batching "
                              "group): a trial whose predicted or measured peak exceeds it is a FAILED "
                              "run with reason 'oom'")
+    parser.add_argument("--budget", type=_budget, default=None, metavar="DURATION",
+                        help="wall time the trials may take, e.g. 30m, 2h or none: a short calibration "
+                             "measures each model's step cost here, and workloads (new tokens, prompts, "
+                             "repeats; never the set of trials) shrink until the estimate fits "
+                             f"(default: {DEFAULT_BUDGET['quick']} for the quick profile, none for full)")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure step costs again instead of using this machine's cached calibration")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument("--rerun", action="store_true",
                         help="run configs again even if they already have a FINISHED run")
@@ -133,9 +155,75 @@ def _alive_nodes() -> int:
 
 
 def plan(args: argparse.Namespace, device: str) -> dict[str, list[TrialConfig]]:
-    profile = PROFILES[args.profile or ("quick" if device == "cpu" else "full")]
     models = args.models or default_models(device)
-    return {group: SPACES[group](models, profile, device) for group in args.groups}
+    return {group: SPACES[group](models, PROFILES[profile_name(args, device)], device) for group in args.groups}
+
+
+def profile_name(args: argparse.Namespace, device: str) -> str:
+    return args.profile or ("quick" if device == "cpu" else "full")
+
+
+def budget_seconds(args: argparse.Namespace, device: str) -> float | None:
+    from sweeps.budget import parse_budget
+
+    return parse_budget(args.budget or DEFAULT_BUDGET[profile_name(args, device)])
+
+
+def planned_workers(args: argparse.Namespace, device: str) -> int:
+    """Trials at once, as run_tune will choose them (before Ray starts: from this machine)."""
+    import ray
+
+    if ray.is_initialized():
+        slots = ray.cluster_resources().get("GPU" if device == "cuda" else "CPU", 1)
+    else:
+        import torch
+
+        slots = torch.cuda.device_count() if device == "cuda" else (os.cpu_count() or 1)
+    slots = int(slots // (1 if device == "cuda" else args.cpus_per_trial))
+    return max(1, min(args.workers or slots, slots))
+
+
+def fit_to_budget(trials: dict[str, list[TrialConfig]], args, device: str):
+    """Calibrate (cached per machine) and shrink the workloads so the trials fit the budget."""
+    from sweeps import budget
+
+    configs = [c for cs in trials.values() for c in cs]
+    threads = 1 if device == "cuda" else args.cpus_per_trial
+    costs = budget.calibrate(budget.pairs_needed(configs), device, threads, recalibrate=args.recalibrate)
+    workers = planned_workers(args, device)
+    fitted = budget.fit(configs, costs, budget_seconds(args, device), workers)
+    print_estimate(fitted, costs, device, workers)
+    shrunk: dict[str, list[TrialConfig]] = {group: [] for group in trials}
+    for config in fitted.configs:
+        shrunk[config.group].append(config)
+    return shrunk, fitted
+
+
+def print_estimate(fitted, costs, device: str, workers: int) -> None:
+    from sweeps import budget
+
+    print("Calibration (what one step costs here, batch 1):")
+    print(budget.format_calibration(costs, device))
+    if fitted.budget_s is None:
+        print(f"No budget: the profile as written, estimated {fitted.estimate_s / 60 / workers:.1f} min "
+              f"of trials on {workers} worker(s)")
+    else:
+        print(f"Budget {fitted.budget_s / 60:.0f} min on {workers} worker(s): the profile as written would "
+              f"take ~{fitted.unscaled_s / 60 / workers:.1f} min; chose {fitted.describe_level()}")
+    per_group: dict[str, list] = {}
+    references: set = set()
+    for config in fitted.configs:
+        per_group.setdefault(config.group, []).append(budget.trial_seconds(config, costs, references))
+    for group, seconds in per_group.items():
+        print(f"  {group:<14}{len(seconds):>4} trials  ~{sum(seconds) / 60 / workers:5.1f} min")
+    if fitted.emulated:
+        worst = max(fitted.emulated, key=lambda e: e[2])
+        print(f"  {len(fitted.emulated)} trial(s) run in a precision this device emulates (bf16 on this CPU: "
+              f"{', '.join(sorted({e[0].stack.precision for e in fitted.emulated}))}); each shrunk further, "
+              f"the longest ~{worst[2]:.0f} s ({worst[0].model} {worst[0].group} {worst[0].stack.label}, "
+              f"{fitted.describe_level(worst[1])})")
+    print(f"Estimated: ~{fitted.estimate_s / 60 / workers:.1f} min of trials "
+          f"(a model of the step costs above, not a measurement; the summary prints the real time)")
 
 
 def _finished(config: TrialConfig, done: dict[str, set[str]]) -> bool:
@@ -157,13 +245,23 @@ def print_plan(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]]) 
     print(f"total: {total} trials, {to_skip} already finished")
 
 
-def ensure_zoo(configs: list[TrialConfig]) -> None:
-    from trials import zoo
+def _zoo_names(configs: list[TrialConfig]) -> set[str]:
     from trials.registry import get_model
 
-    needed = {get_model(name).location for c in configs
-              for name in (c.model, c.stack.draft_model) if name and get_model(name).source == "zoo"}
-    stale = sorted(n for n in needed if not zoo.is_built(n))
+    return {get_model(name).location for c in configs
+            for name in (c.model, c.stack.draft_model) if name and get_model(name).source == "zoo"}
+
+
+def zoo_ready(configs: list[TrialConfig]) -> bool:
+    from trials import zoo
+
+    return all(zoo.is_built(n) for n in _zoo_names(configs))
+
+
+def ensure_zoo(configs: list[TrialConfig]) -> None:
+    from trials import zoo
+
+    stale = sorted(n for n in _zoo_names(configs) if not zoo.is_built(n))
     for set_name, names in zoo.ZOO_SETS.items():
         if set(names) & set(stale):
             log.info("building zoo set %r (missing or stale: %s)", set_name, ", ".join(stale))
@@ -182,9 +280,7 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
         resources = {"cpu": 1, "gpu": 1}
     else:
         resources = {"cpu": args.cpus_per_trial}
-    slots = int(ray.cluster_resources().get("GPU" if device == "cuda" else "CPU", 1)
-                // (1 if device == "cuda" else args.cpus_per_trial))
-    workers = min(args.workers or slots, max(1, slots))
+    workers = planned_workers(args, device)
     log.info("running %d trials, %d at a time, each with %s", len(configs), workers, resources)
     param_space = {"trial": tune.grid_search([c.to_dict() for c in configs]),
                    "tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
@@ -230,6 +326,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
         return 2
+
+    zoo_s = calibrate_s = 0.0
+    estimate_s = None
+    if budget_seconds(args, device) is not None:
+        if args.dry_run and not zoo_ready([c for cs in trials.values() for c in cs]):
+            print("(the plan before --budget shrinks it: calibrating needs the zoo; build it with "
+                  "python -m trials.zoo build, or run without --dry-run)")
+        else:
+            phase = time.perf_counter()
+            ensure_zoo([c for cs in trials.values() for c in cs])
+            zoo_s = time.perf_counter() - phase
+            phase = time.perf_counter()
+            trials, fitted = fit_to_budget(trials, args, device)
+            calibrate_s = time.perf_counter() - phase
+            estimate_s = fitted.estimate_s / planned_workers(args, device)
     done = {g: tracking.finished_hashes(uri, g) for g in trials} if not args.rerun else {}
     if args.dry_run:
         print_plan(trials, done)
@@ -238,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     all_configs = [c for configs in trials.values() for c in configs]
     phase = time.perf_counter()
     ensure_zoo(all_configs)
-    zoo_s = time.perf_counter() - phase
+    zoo_s += time.perf_counter() - phase
     tracking.prepare_store(uri)
     to_run = run_order([c for c in all_configs if not _finished(c, done)])
     skipped = Counter(c.group for c in all_configs if _finished(c, done))
@@ -261,12 +372,17 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = collect_outcomes(results, uri, sweep_id)
     elapsed_s = time.perf_counter() - started
     print_summary(all_configs, outcomes, skipped, uri, elapsed_s, ray_start_s)
+    if to_run:
+        print(f"Phases: zoo {zoo_s:.0f} s, calibration {calibrate_s:.0f} s, Ray start-up {ray_start_s:.0f} s, "
+              f"trials {tune_s / 60:.1f} min" + (f" (estimated {estimate_s / 60:.1f} min for all "
+                                                 f"{len(all_configs)} planned)" if estimate_s else ""))
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps({
             "sweep_id": sweep_id, "tracking_uri": uri, "device": device,
             "finished": sum(o.get("trial_status") == "FINISHED" for o in outcomes),
             "failed": sum(o.get("trial_status") != "FINISHED" for o in outcomes),
             "skipped": sum(skipped.values()), "elapsed_s": elapsed_s, "zoo_s": zoo_s,
+            "calibrate_s": calibrate_s, "estimate_s": estimate_s,
             "ray_start_s": ray_start_s, "tune_s": tune_s, "outcomes": outcomes}, indent=1))
     return 0
 

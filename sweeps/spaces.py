@@ -113,10 +113,22 @@ def _max_positions(model: str) -> int | None:
     return json.loads(path.read_text()).get("max_position_embeddings") if path.is_file() else None
 
 
+def kv_weight_precision(device: str) -> str:
+    """bf16 weights, so that the full-precision cache is the 16-bit one -- where bf16 is native.
+    On a CPU that emulates bf16 (AVX2-only), every step would measure the emulation (~20x slower),
+    so the group runs fp32 weights there and its full-precision reference cache is fp32: the
+    compression ratios are then against 32-bit, and every run says so (``precision``,
+    ``kv_cache_dtype_bits``, ``kv_cache_method``)."""
+    from trials.hardware import precision_is_native
+
+    return "bf16" if precision_is_native("bf16", device) else "fp32"
+
+
 def kv_cache(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
     """Each target's cache at 16/8/4/2 bits over a range of contexts (those that fit the model's
-    positions), bf16 weights so that the full-precision cache is the 16-bit one."""
+    positions), in ``kv_weight_precision`` weights."""
     sizing = KV_SIZING[profile.name]
+    precision = kv_weight_precision(device)
     configs = []
     for model in models:
         if get_model(model).role != "target":
@@ -128,7 +140,7 @@ def kv_cache(models: list[str], profile: Profile, device: str) -> list[TrialConf
             workload = Workload(sizing["prompt_set"], sizing["prompts_per_type"],
                                 sizing["max_new_tokens"], context_tokens=context)
             configs += [TrialConfig(group="kv_cache", model=model, device=device,
-                                    stack=Stack(precision="bf16", kv_bits=bits, kv_backend=backend),
+                                    stack=Stack(precision=precision, kv_bits=bits, kv_backend=backend),
                                     workload=workload, repeats=sizing["repeats"])
                         for bits, backend in KV_STACKS]
     return configs

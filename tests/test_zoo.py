@@ -55,7 +55,7 @@ def _run_cli(*args, env_dir):
 
 
 def test_tiny_zoo_build_and_reload_cpu(fresh_zoo):
-    assert fresh_zoo.seconds < 90, f"tiny build took {fresh_zoo.seconds:.1f}s"
+    # How long a build takes is a benchmark's business (benchmarks/precision.py), not a test's.
     assert zoo.zoo_dir() == fresh_zoo.root
     assert set(fresh_zoo.cards) == set(TINY) == {"tiny-mha", "tiny-gqa", "tiny-draft"}
     for name, card in fresh_zoo.cards.items():
@@ -133,9 +133,7 @@ def test_tiny_targets_beat_draft_on_heldout_perplexity_cpu(fresh_zoo):
 def test_second_tiny_build_rebuilds_nothing_cpu(fresh_zoo):
     weights = {n: zoo.model_path(n) / "model.safetensors" for n in TINY}
     mtimes = {n: p.stat().st_mtime_ns for n, p in weights.items()}
-    start = time.time()
     cards = zoo.build("tiny")
-    assert time.time() - start < 10
     assert cards == fresh_zoo.cards  # same build_seconds: cached cards, not new ones
     assert {n: p.stat().st_mtime_ns for n, p in weights.items()} == mtimes
 

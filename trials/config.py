@@ -103,6 +103,7 @@ class Workload:
     prompts_per_type: int = 2
     max_new_tokens: int = 64
     context_tokens: int = 0           # 0: prompts as written; N: each prompt extended to N tokens
+    eval_windows: int = 0             # perplexity windows (quantization); 0: the method's default
 
     def validate(self) -> None:
         from trials.prompts import PROMPT_SETS
@@ -115,6 +116,8 @@ class Workload:
                f"max_new_tokens must be an integer >= 2, got {self.max_new_tokens!r}")
         _check(isinstance(self.context_tokens, int) and self.context_tokens >= 0,
                f"context_tokens must be an integer >= 0, got {self.context_tokens!r}")
+        _check(isinstance(self.eval_windows, int) and self.eval_windows >= 0,
+               f"eval_windows must be an integer >= 0, got {self.eval_windows!r}")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Where a number came from: device, library versions, project git sha, host.
+"""Where a number came from: device, CPU (and whether its 16-bit matmuls are native), library
+versions, project git sha, host.
 
 Captured on every run as tags, so a throughput can always be traced to the machine and code that
 produced it. Versions are read from package metadata, so this module imports neither ray nor mlflow.
@@ -14,20 +15,15 @@ from pathlib import Path
 
 import torch
 
+from trials.hardware import cpu_profile, hardware_tags
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def device_name(device: str) -> str:
     if device == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_profile().model
 
 
 def _version(package: str) -> str:
@@ -60,4 +56,5 @@ def environment_tags(device: str, sha: str | None = None) -> dict[str, str]:
         "env.ray": _version("ray"),
         "env.mlflow": _version("mlflow"),
         "env.git_sha": sha or git_sha(),
+        **hardware_tags(device),
     }

@@ -288,7 +288,7 @@ def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
                **quality_metrics(ref.logprobs, logprobs, targets),
                **byte_metrics(footprint, config, loaded, measured)}
     result = finish(config, runtime, loaded, measured, metrics=metrics,
-                    tags={"reference_source": source, "kv_cache_method": _method(stack)})
+                    tags={"reference_source": source, "kv_cache_method": _method(stack, loaded)})
     measured_bytes, expected = result.metrics["kv_cache_bytes"], metrics["kv_cache_bytes_expected"]
     result.metrics["kv_cache_bytes_vs_expected"] = measured_bytes / expected if expected else 1.0
     if result.metrics.get("kv_cache_bytes_exact"):
@@ -296,8 +296,9 @@ def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     return result
 
 
-def _method(stack: Stack) -> str:
+def _method(stack: Stack, loaded: models.LoadedModel) -> str:
+    dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     if stack.kv_bits == 16:
-        return "DynamicCache (full precision)"
+        return f"DynamicCache (full precision: {dtype}, the weights' dtype)"
     return (f"QuantizedCache {stack.kv_backend} {stack.kv_bits}-bit, group {stack.kv_group_size}, "
-            f"residual {stack.kv_residual_length}")
+            f"residual {stack.kv_residual_length} in {dtype}")

@@ -318,17 +318,21 @@ WINDOWS = {"tiny": 16, "full": 32}
 HUB_CONTEXT = 512
 
 
-def perplexity_method(model: str) -> PerplexityMethod:
-    """The method for a model: its zoo set's evaluation window and held-out split, else the full set's."""
+def perplexity_method(model: str, windows: int = 0) -> PerplexityMethod:
+    """The method for a model: its zoo set's evaluation window and held-out split, else the full set's.
+
+    ``windows`` (a workload's ``eval_windows``) overrides how many windows are scored, e.g. fewer
+    where the precision is emulated and every token costs ~20x; 0 keeps the set's default.
+    """
     from trials import zoo
 
     entry = get_model(model)
     if entry.source == "zoo":
         zoo_set = zoo.SETS[zoo.RECIPES[entry.location].zoo_set]
         return PerplexityMethod(zoo_set.corpus, zoo_set.eval_seq_len, zoo_set.eval_seq_len // 2,
-                                WINDOWS[zoo_set.name], zoo_set.eval_source_weights)
+                                windows or WINDOWS[zoo_set.name], zoo_set.eval_source_weights)
     full = zoo.SETS["full"]
-    return PerplexityMethod(full.corpus, HUB_CONTEXT, HUB_CONTEXT // 2, WINDOWS["full"],
+    return PerplexityMethod(full.corpus, HUB_CONTEXT, HUB_CONTEXT // 2, windows or WINDOWS["full"],
                             full.eval_source_weights)
 
 
@@ -453,7 +457,7 @@ def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
     loaded = models.load(config.model, stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     measured = measure(config, loaded, prompts)
-    method = perplexity_method(config.model)
+    method = perplexity_method(config.model, config.workload.eval_windows)
     quality = perplexity(loaded, method)
     reference, source = _reference(config, prompts, method)
     dtype = compute_dtype(config.model, config.device)

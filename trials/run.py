@@ -40,6 +40,7 @@ import torch
 from trials import models
 from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
 from trials.environment import environment_tags
+from trials.hardware import precision_is_native
 from trials.kv_footprint import KVFootprintError, kv_footprint
 from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
                             track_peak_memory)
@@ -238,7 +239,7 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: models.LoadedModel, me
     summary.update(metrics or {})
     all_tags = {**environment_tags(config.device,
                                    runtime.git_sha if runtime.git_sha != "unknown" else None),
-                "memory_method": measured.peak.method, **notes, **(tags or {})}
+                "memory_method": measured.peak.method, **_precision_tags(config), **notes, **(tags or {})}
     all_raw = {
         "repeats": [[{k: v for k, v in b.__dict__.items() if k not in ("output_ids", "texts")}
                      for b in rep] for rep in measured.repeats],
@@ -248,6 +249,12 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: models.LoadedModel, me
         **(raw or {}),
     }
     return TrialResult(config, "FINISHED", summary, all_tags, all_raw)
+
+
+def _precision_tags(config: TrialConfig) -> dict[str, str]:
+    """``precision_native`` False marks numbers taken in a precision this device only emulates
+    (bf16 on an AVX2-only CPU): they describe the CPU's emulation more than the optimization."""
+    return {"precision_native": str(precision_is_native(config.stack.precision, config.device))}
 
 
 def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Prompt]:
@@ -329,7 +336,7 @@ def failed_result(config: TrialConfig, exc: BaseException) -> TrialResult:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if not isinstance(exc, ConfigError):
         reason = f"{type(exc).__name__}: {reason}"
-    return TrialResult(config, "FAILED", tags=environment_tags(config.device),
+    return TrialResult(config, "FAILED", tags={**environment_tags(config.device), **_precision_tags(config)},
                        raw={"traceback": traceback.format_exception(exc)}, error=reason)
 
 

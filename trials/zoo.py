@@ -26,9 +26,14 @@ Design choices:
   encoding, and the models were trained that way; documents are separated by ``<|endoftext|>``.
 * Models: ``LlamaForCausalLM`` with tied embeddings, explicit ``head_dim``,
   ``max_position_embeddings=4096`` (later features sweep long contexts; quality there is not the
-  point). Trained from scratch with AdamW, warmup + cosine, bf16 autocast on CPU (2-3x faster than
-  fp32), fixed step counts and seeds so a build is deterministic. Each model trains in its own
-  spawned process with ``torch.set_num_threads(1)``; two run at once on a 2-core machine.
+  point). Trained from scratch with AdamW, warmup + cosine, fixed step counts and seeds so a
+  build is deterministic on one machine. The training precision is chosen per machine
+  (``train_precision``): bf16 autocast where the CPU runs bf16 natively (2-3x faster than fp32
+  there), fp32 where bf16 is emulated (AVX2-only CPUs, where bf16 is ~20x slower); the card
+  records which. Each model trains in its own spawned process with ``torch.set_num_threads(1)``;
+  two run at once on a 2-core machine, with a progress line at least every 20 s. Step counts are
+  sized so that the full set trains within 15 minutes in fp32 on a 2-core AVX2 CPU
+  (``benchmarks/precision.py`` prints this CPU's fp32 vs bf16 step times).
 * Drafts are distilled from their target (loss = w * KL(target || draft) + (1 - w) * CE, on the
   same batches), which raises draft/target agreement for speculative decoding. The full set has
   one draft per target family; the tiny set shares one draft (distilled from ``tiny-mha``) between
@@ -43,41 +48,18 @@ Design choices:
   draft's; failing raises ``ZooQualityError`` (the models stay cached for inspection). In the full
   set every model's greedy continuations of ``CODE_PROMPTS`` (stored in the card as ``samples``)
   are also checked to look like Python (an indented line plus one of ``self.``, ``return``,
-  ``def``, ...), as a logged warning only: greedy text of these toys flips with the CPU's bf16
-  numerics (one machine's build gave zoo-deep ``._loop._loop...`` where another's gave
-  Python-shaped text), and perplexity is what the sweeps depend on.
+  ``def``, ...), as a logged warning only: greedy text of these toys flips with the CPU's
+  numerics, and perplexity is what the sweeps depend on.
 
-Measured on the 2-core, 24 GiB development machine (torch 2.13 CPU, other jobs sharing the cores
-at times). Tiny set from scratch: 17 s CLI (33 s for the whole tests/test_zoo.py); cached rebuild
-0.1 s. Full set from scratch: 22 min 17 s wall on a fresh machine (2 worker processes; zoo-large
-alone trains for 14 min, ~450 tok/s); without zoo-large the set took 7 min 36 s. Per model
-(params, held-out ppl on the fixed windows of the set, build seconds incl. eval and samples, two
-models training at once), from the build of 2026-12-03:
-
-    zoo-large        37.76M  107.38  849 s   (360 steps x 1024 tokens: undertrained for its size)
-    zoo-deep          9.92M   67.32  568 s   (640 steps)
-    zoo-mha           4.46M   70.07  245 s   (720 steps)
-    zoo-gqa           5.57M   77.51  279 s   (600 steps)
-    zoo-large-draft   1.21M  113.93  365 s   (400 steps, distilled only: KL to zoo-large)
-    zoo-deep-draft    1.21M   76.05  152 s   (400 steps, distilled: 0.8 KL + 0.2 CE)
-    zoo-mha-draft     0.95M   79.18   98 s
-    zoo-gqa-draft     0.92M   81.88  118 s
-    tiny-mha          0.14M   61.30    9 s   (vocab 512: not comparable with the full set)
-    tiny-gqa          0.13M   68.69    8 s
-    tiny-draft        0.03M  155.66    2 s
-
-An earlier build of the same recipes on another machine gave zoo-mha 67.43 and zoo-deep 69.06: a
-build is deterministic on one machine (two builds there gave bit-identical weights), not across
-machines, since bf16-autocast numerics depend on the CPU's kernels.
-
-zoo-deep is the larger, deeper model (the one with the cheapest draft relative to a step), but in
-this budget it sees fewer tokens, so its perplexity is no better than zoo-mha's. Greedy continuation of ``def __init__(self`` by zoo-gqa:
-``, self.\n    def __init__(self, self.get_loop, self.get_name(self, self.get_loop.get_loop...``;
-of ``import os\n\n\ndef main():``: a docstring quote, then
-``\n    def _init__(self):\n        return self.append(self, self.get_name(self, ...``. Python-shaped and repetitive: these are toys, fine for
-measuring inference mechanics (speed, memory, ppl deltas, draft agreement), not for their text.
-What moved quality most in this budget: isolating newlines in the tokenizer (before, models fell
-into endless newlines), dropping table-like stdlib files, weighting code 75%, batch 4 x 256.
+Each model's card holds what its build measured (parameters, held-out perplexity, tokens, seconds,
+training precision, greedy samples); ``python -m trials.zoo list`` prints them. Builds are
+deterministic per machine, not across machines (CPU kernels and the training precision differ).
+These are toys, undertrained for their size: Python-shaped, repetitive text, fine for measuring
+inference mechanics (speed, memory, perplexity deltas, draft agreement), not for their text. What
+moved quality most in this budget: isolating newlines in the tokenizer (before, models fell into
+endless newlines), dropping table-like stdlib files, weighting code 75%, batch 4 x 256. zoo-large
+exists for speculative decoding (a target step that costs many draft steps); its draft is distilled
+from it with KL only, so it learns to agree with the target rather than to beat it.
 """
 
 from __future__ import annotations
@@ -104,7 +86,7 @@ log = logging.getLogger("trials.zoo")
 ZOO_ENV_VAR = "LLM_SWEEPS_ZOO_DIR"
 DEFAULT_ZOO_DIR = "~/.cache/llm-inference-sweeps/zoo"
 # Bump when training/eval code changes in a way that changes the weights or card numbers.
-ZOO_FORMAT_VERSION = 2
+ZOO_FORMAT_VERSION = 3
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN = "<|pad|>", "<|bos|>", "<|endoftext|>"
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN)  # ids 0, 1, 2
@@ -175,7 +157,11 @@ SETS: dict[str, SetRecipe] = {
 }
 
 _TINY = dict(zoo_set="tiny", seq_len=128, batch_size=8, warmup_steps=10)
-_FULL = dict(zoo_set="full", seq_len=256, batch_size=4, warmup_steps=30)
+# Sized so the full set trains within 15 minutes on any 2-core x86-64, in fp32 where bf16 is
+# emulated (the per-model cost is 6 x parameters x tokens FLOPs, ~50 GFLOP/s on one AVX2 thread):
+# targets see 4 x 256 tokens per step, drafts 2 x 256 (their step also runs the teacher forward).
+_FULL_TARGET = dict(zoo_set="full", seq_len=256, batch_size=4, warmup_steps=20)
+_FULL_DRAFT = dict(zoo_set="full", seq_len=256, batch_size=2, warmup_steps=20)
 
 _RECIPE_LIST = [
     ModelRecipe("tiny-mha", "target", "tiny-mha", "tiny-draft", hidden_size=64, layers=2,
@@ -197,32 +183,32 @@ _RECIPE_LIST = [
     # which is what a speculative draft is for, and stays below it in quality.
     ModelRecipe("zoo-large", "target", "large", "zoo-large-draft", hidden_size=576, layers=10,
                 attention_heads=9, kv_heads=3, head_dim=64, intermediate_size=1536,
-                train_steps=360, learning_rate=1e-3, seed=27, **_FULL),
+                train_steps=110, learning_rate=1.5e-3, seed=27, **_FULL_TARGET),
     ModelRecipe("zoo-deep", "target", "deep", "zoo-deep-draft", hidden_size=320, layers=8,
                 attention_heads=10, kv_heads=2, head_dim=32, intermediate_size=864,
-                train_steps=640, learning_rate=1.5e-3, seed=21, **_FULL),
+                train_steps=200, learning_rate=2e-3, seed=21, **_FULL_TARGET),
     ModelRecipe("zoo-mha", "target", "mha", "zoo-mha-draft", hidden_size=256, layers=4,
                 attention_heads=8, kv_heads=8, head_dim=32, intermediate_size=768,
-                train_steps=720, learning_rate=2e-3, seed=22, **_FULL),
+                train_steps=280, learning_rate=2.5e-3, seed=22, **_FULL_TARGET),
     ModelRecipe("zoo-gqa", "target", "gqa", "zoo-gqa-draft", hidden_size=256, layers=6,
                 attention_heads=8, kv_heads=2, head_dim=32, intermediate_size=768,
-                train_steps=600, learning_rate=2e-3, seed=23, **_FULL),
+                train_steps=240, learning_rate=2.5e-3, seed=23, **_FULL_TARGET),
     ModelRecipe("zoo-deep-draft", "draft", "deep", None, hidden_size=160, layers=2,
                 attention_heads=5, kv_heads=1, head_dim=32, intermediate_size=448,
-                train_steps=400, learning_rate=2e-3, draft_for=("zoo-deep",),
-                distill_from="zoo-deep", distill_weight=0.8, seed=24, **_FULL),
+                train_steps=200, learning_rate=2e-3, draft_for=("zoo-deep",),
+                distill_from="zoo-deep", distill_weight=0.8, seed=24, **_FULL_DRAFT),
     ModelRecipe("zoo-large-draft", "draft", "large", None, hidden_size=160, layers=2,
                 attention_heads=5, kv_heads=1, head_dim=32, intermediate_size=448,
-                train_steps=400, learning_rate=2e-3, draft_for=("zoo-large",),
-                distill_from="zoo-large", distill_weight=1.0, seed=28, **_FULL),
+                train_steps=180, learning_rate=2e-3, draft_for=("zoo-large",),
+                distill_from="zoo-large", distill_weight=1.0, seed=28, **_FULL_DRAFT),
     ModelRecipe("zoo-mha-draft", "draft", "mha", None, hidden_size=128, layers=2,
                 attention_heads=4, kv_heads=4, head_dim=32, intermediate_size=384,
-                train_steps=400, learning_rate=2e-3, draft_for=("zoo-mha",),
-                distill_from="zoo-mha", distill_weight=0.8, seed=25, **_FULL),
+                train_steps=200, learning_rate=2e-3, draft_for=("zoo-mha",),
+                distill_from="zoo-mha", distill_weight=0.8, seed=25, **_FULL_DRAFT),
     ModelRecipe("zoo-gqa-draft", "draft", "gqa", None, hidden_size=128, layers=2,
                 attention_heads=4, kv_heads=2, head_dim=32, intermediate_size=384,
-                train_steps=400, learning_rate=2e-3, draft_for=("zoo-gqa",),
-                distill_from="zoo-gqa", distill_weight=0.8, seed=26, **_FULL),
+                train_steps=200, learning_rate=2e-3, draft_for=("zoo-gqa",),
+                distill_from="zoo-gqa", distill_weight=0.8, seed=26, **_FULL_DRAFT),
 ]
 RECIPES: dict[str, ModelRecipe] = {r.name: r for r in _RECIPE_LIST}
 ZOO_SETS: dict[str, tuple[str, ...]] = {
@@ -486,13 +472,13 @@ def looks_like_python(text: str) -> bool:
     return indented and any(k in text for k in keywords)
 
 
-def _how_made(r: ModelRecipe, params: int, tokens: int, ppl: float, heldout_tokens: int) -> str:
+def _how_made(r: ModelRecipe, params: int, tokens: int, ppl: float, heldout_tokens: int, precision: str) -> str:
     mix = ", ".join(f"{int(w * 100)}% {src}" for src, w in r.source_weights)
     text = (f"{r.name} is a {params / 1e6:.2f}M-parameter LlamaForCausalLM ({r.layers} layers, hidden "
             f"{r.hidden_size}, {r.attention_heads} attention heads and {r.kv_heads} KV heads of dim {r.head_dim}, "
             f"tied embeddings) trained from scratch on CPU by trials.zoo: {r.train_steps} AdamW steps of "
             f"{r.batch_size}x{r.seq_len} tokens ({tokens:,} tokens; peak lr {r.learning_rate:g}, "
-            f"{r.warmup_steps} warmup steps then cosine to 10%, bf16 autocast, seed {r.seed}), sampling windows "
+            f"{r.warmup_steps} warmup steps then cosine to 10%, {'bf16 autocast' if precision == 'bf16' else 'fp32'}, seed {r.seed}), sampling windows "
             f"{mix} from the '{r.zoo_set}' corpus: Python stdlib source (code), pydoc_data topics (English "
             f"prose) and seeded generated JSON/CSV/markdown tables (structured), tokenized by the set's "
             f"byte-level BPE.")
@@ -505,8 +491,15 @@ def _how_made(r: ModelRecipe, params: int, tokens: int, ppl: float, heldout_toke
     return text
 
 
-def train_model(name: str) -> dict:
-    """Train one model (its tokenizer and teacher must be built) and save its folder. Returns the card."""
+PROGRESS_EVERY_S = 20.0  # a progress line at least this often while a model trains
+
+
+def train_model(name: str, precision: str = "fp32") -> dict:
+    """Train one model (its tokenizer and teacher must be built) and save its folder. Returns the card.
+
+    ``precision`` is "bf16" (bf16 autocast, 2-3x faster than fp32 where the CPU has native bf16) or
+    "fp32" (everywhere else: emulated bf16 is ~20x slower); ``build`` picks it per machine.
+    """
     import torch
     import torch.nn.functional as F
     import transformers
@@ -525,8 +518,9 @@ def train_model(name: str) -> dict:
     teacher = None
     if r.distill_from:
         teacher = AutoModelForCausalLM.from_pretrained(model_path(r.distill_from), dtype=torch.float32).eval()
-    log.info("%s: training %.2fM params for %d steps (%s)", name, params / 1e6, r.train_steps,
+    log.info("%s: training %.2fM params for %d steps in %s (%s)", name, params / 1e6, r.train_steps, precision,
              f"distilling from {r.distill_from}" if teacher else "from scratch")
+    autocast = precision == "bf16"
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -535,16 +529,16 @@ def train_model(name: str) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, r))
     generator = torch.Generator().manual_seed(r.seed)
     model.train()
-    log_every = max(1, r.train_steps // 8)
     train_start, loss_value = time.time(), float("nan")
+    last_log = train_start
     for step in range(r.train_steps):
         batch = _sample_batch(streams, r.source_weights, r.batch_size, r.seq_len, generator)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(input_ids=batch).logits[:, :-1].float()
         targets = batch[:, 1:]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         if teacher is not None:
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 teacher_logits = teacher(input_ids=batch).logits[:, :-1].float()
             teacher_logp = F.log_softmax(teacher_logits, dim=-1)
             kl = (teacher_logp.exp() * (teacher_logp - F.log_softmax(logits, dim=-1))).sum(-1).mean()
@@ -555,14 +549,17 @@ def train_model(name: str) -> dict:
         optimizer.step()
         scheduler.step()
         loss_value = float(loss.detach())
-        if (step + 1) % log_every == 0 or step + 1 == r.train_steps:
-            elapsed = time.time() - train_start
-            log.info("%s: step %d/%d loss %.3f (%.0f tok/s)", name, step + 1, r.train_steps, loss_value,
-                     (step + 1) * r.batch_size * r.seq_len / elapsed)
+        now = time.time()
+        if now - last_log >= PROGRESS_EVERY_S or step + 1 == r.train_steps:
+            last_log, elapsed = now, now - train_start
+            log.info("%s: step %d/%d loss %.3f (%.0f tok/s, ~%.0f s left)", name, step + 1, r.train_steps,
+                     loss_value, (step + 1) * r.batch_size * r.seq_len / elapsed,
+                     elapsed / (step + 1) * (r.train_steps - step - 1))
     train_seconds = time.time() - train_start
     del teacher
 
     model.eval()
+    log.info("%s: scoring held-out perplexity and greedy samples", name)
     windows = heldout_windows(r.zoo_set, ids)
     ppl = heldout_perplexity(model, windows)
     heldout_tokens = windows[:, 1:].numel()
@@ -589,7 +586,7 @@ def train_model(name: str) -> dict:
         "tie_word_embeddings": True,
         "training_tokens": tokens, "train_steps": r.train_steps, "batch_size": r.batch_size,
         "seq_len": r.seq_len, "learning_rate": r.learning_rate, "final_train_loss": round(loss_value, 4),
-        "train_seconds": round(train_seconds, 2), "train_tokens_per_second": round(tokens / train_seconds),
+        "train_precision": precision, "train_seconds": round(train_seconds, 2), "train_tokens_per_second": round(tokens / train_seconds),
         "heldout_perplexity": round(ppl, 4), "heldout_tokens": heldout_tokens,
         "samples": samples,
         "build_seconds": round(time.time() - start, 2), "seed": r.seed,
@@ -597,7 +594,7 @@ def train_model(name: str) -> dict:
         "recipe": dataclasses.asdict(r),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": sys.version.split()[0]},
-        "how_made": _how_made(r, params, tokens, ppl, heldout_tokens),
+        "how_made": _how_made(r, params, tokens, ppl, heldout_tokens, precision),
     }
     (tmp / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
     _replace_folder(tmp, final)
@@ -605,7 +602,7 @@ def train_model(name: str) -> dict:
     return card
 
 
-def _train_in_worker(name: str, root: str, log_level: int) -> dict:
+def _train_in_worker(name: str, root: str, log_level: int, precision: str) -> dict:
     """Entry point of a spawned worker process: one thread, same zoo folder as the parent."""
     import torch
     import transformers
@@ -616,7 +613,7 @@ def _train_in_worker(name: str, root: str, log_level: int) -> dict:
     log.setLevel(log_level)
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars in the build log
     torch.set_num_threads(1)
-    return train_model(name)
+    return train_model(name, precision)
 
 
 # --- building sets ------------------------------------------------------------------------
@@ -631,7 +628,7 @@ def _with_teachers(names: list[str]) -> list[str]:
     return [n for n in RECIPES if n in wanted]  # recipe order: longest first, teachers before drafts
 
 
-def _run_training(names: list[str], jobs: int) -> None:
+def _run_training(names: list[str], jobs: int, precision: str) -> None:
     """Train `names` in spawned processes, at most `jobs` at once, teachers before their drafts."""
     if not names:
         return
@@ -649,11 +646,22 @@ def _run_training(names: list[str], jobs: int) -> None:
                 if teacher in pending or teacher in running.values():
                     continue
                 pending.remove(name)
-                running[pool.submit(_train_in_worker, name, root, level)] = name
+                running[pool.submit(_train_in_worker, name, root, level, precision)] = name
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in done:
                 running.pop(future)
                 future.result()  # re-raises a worker's error
+
+
+def train_precision() -> str:
+    """bf16 autocast where this CPU runs bf16 natively, else fp32 (see ``trials.hardware``)."""
+    from trials.hardware import cpu_profile, fast_precision
+
+    precision = fast_precision("cpu")
+    profile = cpu_profile()
+    log.info("training precision %s: %s CPU (%s), a bf16 matmul takes %.1fx the fp32 time", precision,
+             profile.model, profile.capability, profile.bf16_matmul_ratio)
+    return precision
 
 
 def quality_problems(set_name: str, cards: dict[str, dict]) -> list[str]:
@@ -698,8 +706,9 @@ def build(set_name: str = "full", force: bool = False, *, only: list[str] | None
             log.info("%s: up to date, skipped", name)
     if todo:
         jobs = jobs or min(2, os.cpu_count() or 1)
-        log.info("building %s with %d worker process(es): %s", set_name, jobs, ", ".join(todo))
-        _run_training(todo, jobs)
+        precision = train_precision()
+        log.info("building %s with %d worker process(es) in %s: %s", set_name, jobs, precision, ", ".join(todo))
+        _run_training(todo, jobs, precision)
     cards = {name: load_card(name) for name in names}
     if todo:
         log.info("%s set: built %d model(s) in %.1fs", set_name, len(todo), time.time() - start)

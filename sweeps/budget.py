@@ -1,0 +1,406 @@
+"""Size a sweep to this machine: calibrate each model's step cost, estimate every trial, shrink to a budget.
+
+Why: the same plan takes 35 minutes on a CPU with native bf16 and many hours on an AVX2-only one,
+where a bf16 step is ~20x slower. So before a sweep starts, the driver measures what a step costs
+here (``calibrate``: per model and precision, one prefill and a few decode steps at batch 1 on the
+threads a trial gets), estimates each planned trial from its workload (``trial_seconds``: decode
+steps and prefill tokens, counted the way the group's runner generates, plus reference runs a worker
+makes once), and when the total exceeds ``--budget`` shrinks the workloads (``fit``):
+
+* by one global *level* for every trial, each level halving new tokens, prompts per type (and
+  perplexity windows) or taking one repeat away, down to floors (``MIN_NEW_TOKENS``, one prompt per
+  type, ``MIN_REPEATS`` repeats, so a 95 % interval still exists). Never the set of trials: every
+  chart keeps every bar, with less data behind it.
+* trials in a precision this device only emulates (bf16 on an AVX2 CPU) shrink further, each to at
+  most ``emulated_cap_s``, so that the bar stays on the chart, measured honestly, without taking
+  the budget of the rest. Their runs carry ``precision_native=False``.
+
+Calibrations are cached per machine (``~/.cache/llm-inference-sweeps/calibration.json``, or
+``$LLM_SWEEPS_CALIBRATION``; keyed by CPU, torch version, threads and the model's identity), so a
+second ``make run`` plans the same configs (same ``config_hash``) and skips finished ones instead of
+measuring again what a slightly different calibration would have chosen. ``--recalibrate``
+measures afresh.
+
+The estimate is a model, not a measurement: the sweep prints it before it starts and the
+measured time when it ends, so the two can be compared.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from trials.config import TrialConfig
+
+log = logging.getLogger("sweeps.budget")
+
+CACHE_ENV_VAR = "LLM_SWEEPS_CALIBRATION"   # moves the cache file (tests use a fresh one)
+
+
+def cache_file() -> Path:
+    return Path(os.environ.get(CACHE_ENV_VAR)
+                or Path.home() / ".cache" / "llm-inference-sweeps" / "calibration.json")
+CALIBRATION_FORMAT = 1
+PREFILL_TOKENS = 32
+DECODE_STEPS = 4
+WARMUP_TOKENS = 2                 # trials.run.WARMUP_TOKENS
+MIN_NEW_TOKENS = 16
+MIN_NEW_TOKENS_EMULATED = 8
+MIN_REPEATS = 2
+MIN_EVAL_WINDOWS = 4
+TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors, plus bookkeeping
+# On one CPU thread a decode step at batch b costs ~(1 + 0.07 (b - 1)) steps at batch 1 for the
+# zoo's models (batch 32 ran ~10x the tokens per second of batch 1 in the batching group).
+BATCH_STEP_GROWTH = 0.07
+HQQ_FACTOR = 1.5                  # HQQ optimizes every group at prefill and every residual refill
+# Each level: (divisor of new tokens, divisor of prompts per type and perplexity windows, repeats
+# taken away). Level 0 is the profile as written.
+LEVELS = ((1, 1, 0), (2, 1, 0), (2, 2, 0), (2, 2, 1), (4, 2, 1), (4, 4, 1), (4, 4, 2), (8, 4, 2),
+          (8, 8, 2), (16, 8, 2), (16, 16, 3))
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What a model costs here in one precision, at batch 1 on the trial's threads."""
+
+    decode_s: float          # one decode step (median of a few, with a KV cache)
+    prefill_token_s: float   # per token of a PREFILL_TOKENS-token prefill
+    load_s: float
+    measured_at: str = ""
+
+
+# ------------------------------------------------------------------------------ calibration
+
+def _fingerprint(threads: int, device: str) -> str:
+    import torch
+
+    from trials.hardware import cpu_profile
+
+    p = cpu_profile()
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else ""
+    return f"{p.model}|{p.capability}|bf16={p.bf16_native}|torch={torch.__version__}|threads={threads}|{gpu}"
+
+
+def _model_identity(model: str) -> str:
+    """What makes two calibrations of one name comparable: the zoo recipe, or the folder/hub id."""
+    from trials.registry import get_model
+
+    entry = get_model(model)
+    if entry.source == "zoo":
+        from trials import zoo
+
+        return zoo.recipe_hash(entry.location)
+    return entry.location
+
+
+def _key(model: str, precision: str, device: str, threads: int) -> str:
+    return f"{model}|{precision}|{device}|{_model_identity(model)}|{_fingerprint(threads, device)}"
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(cache_file().read_text())
+        return data["entries"] if data.get("format") == CALIBRATION_FORMAT else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _write_cache(entries: dict) -> None:
+    path = cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"format": CALIBRATION_FORMAT, "entries": entries}, indent=1))
+    os.replace(tmp, path)
+
+
+def measure_step_cost(model: str, precision: str, device: str) -> StepCost:
+    """Load the model, time one prefill of PREFILL_TOKENS tokens and DECODE_STEPS decode steps."""
+    import torch
+
+    from trials import models
+
+    loaded = models.load(model, precision, device)
+    net = loaded.model
+    vocab = net.config.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (1, PREFILL_TOKENS), generator=generator).to(loaded.device)
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    with torch.inference_mode():
+        net(input_ids=ids[:, :4])                             # first call: lazy init, kernel choice
+        sync()
+        started = time.perf_counter()
+        out = net(input_ids=ids, use_cache=True)
+        sync()
+        prefill_s = time.perf_counter() - started
+        cache, token, steps = out.cache, out.logits[:, -1:].argmax(-1), []
+        for _ in range(DECODE_STEPS):
+            started = time.perf_counter()
+            out = net(input_ids=token, cache=cache, use_cache=True)
+            sync()
+            steps.append(time.perf_counter() - started)
+            cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+    return StepCost(decode_s=statistics.median(steps), prefill_token_s=prefill_s / PREFILL_TOKENS,
+                    load_s=loaded.load_s, measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
+              recalibrate: bool = False) -> dict[tuple[str, str], StepCost]:
+    """Step costs for every (model, precision), from the per-machine cache or measured now.
+
+    A pair that cannot load here (a missing optional package) gets no entry: its trials fail at
+    once with that reason, so they cost nothing.
+    """
+    import torch
+
+    from trials import models
+    from trials.config import ConfigError
+
+    cache = _read_cache()
+    costs: dict[tuple[str, str], StepCost] = {}
+    todo = []
+    for model, precision in sorted(pairs):
+        entry = None if recalibrate else cache.get(_key(model, precision, device, threads))
+        if entry:
+            costs[(model, precision)] = StepCost(**entry)
+        else:
+            todo.append((model, precision))
+    if not todo:
+        return costs
+    log.info("calibrating %d model/precision pair(s) on %d thread(s): one prefill and %d decode "
+             "steps each", len(todo), threads, DECODE_STEPS)
+    previous_threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        for i, (model, precision) in enumerate(todo, 1):
+            try:
+                cost = measure_step_cost(model, precision, device)
+            except (ConfigError, ImportError) as exc:
+                log.info("  [%d/%d] %s %s: not calibrated (%s)", i, len(todo), model, precision,
+                         str(exc).splitlines()[0])
+                continue
+            finally:
+                models.clear_cache()
+            costs[(model, precision)] = cost
+            cache[_key(model, precision, device, threads)] = asdict(cost)
+            log.info("  [%d/%d] %s %s: %.1f ms per decode step, %.2f ms per prefill token",
+                     i, len(todo), model, precision, cost.decode_s * 1e3, cost.prefill_token_s * 1e3)
+    finally:
+        torch.set_num_threads(previous_threads)
+    _write_cache(cache)
+    return costs
+
+
+def pairs_needed(configs: list[TrialConfig]) -> set[tuple[str, str]]:
+    """(model, precision) pairs whose step cost the estimate of ``configs`` reads."""
+    from trials.quantization import reference_precision
+
+    pairs = set()
+    for c in configs:
+        pairs.add((c.model, c.stack.precision))
+        if c.stack.draft_model:
+            pairs.add((c.stack.draft_model, c.stack.precision))
+        if c.group == "quantization":
+            pairs.add((c.model, reference_precision(c.model, c.device)))
+    return pairs
+
+
+# ------------------------------------------------------------------------------ estimate
+
+def _prompts(config: TrialConfig) -> tuple[int, float]:
+    """Number of prompts and their mean length in tokens (a chars/4 estimate unless set exactly)."""
+    from trials.prompts import workload_prompts
+
+    prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
+    tokens = config.workload.context_tokens or statistics.mean(len(p.text) for p in prompts) / 4
+    return len(prompts), tokens
+
+
+def _generate_s(cost: StepCost, prompts: int, prompt_tokens: float, new_tokens: int, repeats: int,
+                batch: int) -> float:
+    """Warm-up plus ``repeats`` timed passes of trials.run.measure."""
+    batches = math.ceil(prompts / batch)
+    step = cost.decode_s * (1 + BATCH_STEP_GROWTH * (batch - 1))
+    decode = batches * (repeats * new_tokens + WARMUP_TOKENS) * step
+    prefill = batches * (repeats + 1) * batch * prompt_tokens * cost.prefill_token_s
+    return decode + prefill
+
+
+def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
+                  references: set | None = None) -> float:
+    """Estimated seconds of one trial. ``references`` collects reference runs already counted
+    (a worker measures a group's reference once per model and workload and reuses it)."""
+    references = set() if references is None else references
+    w, s = config.workload, config.stack
+    cost = costs.get((config.model, s.precision))
+    if cost is None:
+        return TRIAL_OVERHEAD_S                                  # fails at once (missing package)
+    prompts, prompt_tokens = _prompts(config)
+    plain = _generate_s(cost, prompts, prompt_tokens, w.max_new_tokens, config.repeats, s.batch_size)
+    total = TRIAL_OVERHEAD_S
+
+    def reference(key, seconds: float) -> float:
+        if key in references:
+            return 0.0
+        references.add(key)
+        return seconds
+
+    if config.group == "speculative":
+        # the no-speculation baseline of the same prompts (once per model and workload), then the
+        # speculative run: about as long, give or take the speedup, plus the draft's steps
+        total += reference(("speculative", config.model, s.precision, w), plain)
+        draft = costs.get((s.draft_model, s.precision)) if s.draft_model else None
+        extra = 0.0
+        if draft is not None:
+            passes = w.max_new_tokens * config.repeats * prompts / 2      # ~2 tokens per target pass
+            extra = passes * s.num_draft_tokens * draft.decode_s
+        total += plain + extra
+    elif config.group == "kv_cache":
+        teacher_forced = prompts * (prompt_tokens * cost.prefill_token_s + w.max_new_tokens * cost.decode_s)
+        total += reference(("kv_cache", config.model, s.precision, w), plain + teacher_forced)
+        factor = HQQ_FACTOR if s.kv_backend == "hqq" else 1.0
+        total += (plain + teacher_forced) * factor
+    elif config.group == "batching":
+        total += reference(("batching", config.model, w),
+                           _generate_s(cost, prompts, prompt_tokens, w.max_new_tokens, 1, 1))
+        total += plain
+    elif config.group == "quantization":
+        from trials.quantization import perplexity_method, reference_precision
+
+        method = perplexity_method(config.model, w.eval_windows)
+        ppl_tokens = method.windows * method.context
+        ref_precision = reference_precision(config.model, config.device)
+        ref = costs.get((config.model, ref_precision), cost)
+        total += reference(("quantization", config.model, w, s.batch_size),
+                           _generate_s(ref, prompts, prompt_tokens, w.max_new_tokens, 1, s.batch_size)
+                           + ppl_tokens * ref.prefill_token_s)
+        total += plain + ppl_tokens * cost.prefill_token_s
+    else:
+        total += plain
+    total += reference(("load", config.model, s.precision), cost.load_s)
+    return total
+
+
+def estimate_seconds(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost]) -> float:
+    references: set = set()
+    return sum(trial_seconds(c, costs, references) for c in configs)
+
+
+# ------------------------------------------------------------------------------ shrinking
+
+def shrink(config: TrialConfig, level: int, emulated: bool = False) -> TrialConfig:
+    """``config`` with its workload cut to ``level`` of ``LEVELS`` (level 0: unchanged)."""
+    if level == 0:
+        return config
+    tokens_div, prompts_div, fewer_repeats = LEVELS[min(level, len(LEVELS) - 1)]
+    w = config.workload
+    min_tokens = MIN_NEW_TOKENS_EMULATED if emulated else MIN_NEW_TOKENS
+    workload = replace(
+        w, max_new_tokens=max(min(w.max_new_tokens, min_tokens), w.max_new_tokens // tokens_div),
+        prompts_per_type=max(1, w.prompts_per_type // prompts_div))
+    if config.group == "quantization" and prompts_div > 1:
+        from trials.quantization import perplexity_method
+
+        default = perplexity_method(config.model, w.eval_windows).windows
+        workload = replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_div))
+    repeats = max(min(config.repeats, MIN_REPEATS), config.repeats - fewer_repeats)
+    return replace(config, workload=workload, repeats=repeats)
+
+
+@dataclass
+class Fit:
+    """What ``fit`` chose: the configs to run and why."""
+
+    configs: list[TrialConfig]
+    level: int
+    estimate_s: float            # all trials, summed (one worker's worth of time)
+    unscaled_s: float
+    budget_s: float | None
+    emulated: list[tuple[TrialConfig, int, float]]   # (config, its own level, its estimate)
+
+    def describe_level(self, level: int | None = None) -> str:
+        level = self.level if level is None else level
+        if level == 0:
+            return "the profile as written"
+        tokens, prompts, repeats = LEVELS[min(level, len(LEVELS) - 1)]
+        parts = [f"new tokens /{tokens}" if tokens > 1 else "",
+                 f"prompts per type /{prompts}" if prompts > 1 else "",
+                 f"repeats -{repeats}" if repeats else ""]
+        return f"level {level}: " + ", ".join(p for p in parts if p) + \
+            f" (floors: {MIN_NEW_TOKENS} new tokens, 1 prompt per type, {MIN_REPEATS} repeats)"
+
+
+def fit(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost], budget_s: float | None,
+        workers: int, emulated_cap_s: float | None = None) -> Fit:
+    """Shrink the workloads (one level for all, more for emulated precisions) to fit ``budget_s``
+    of wall time on ``workers`` parallel trials. The set of trials never changes."""
+    from trials.hardware import precision_is_native
+
+    unscaled = estimate_seconds(configs, costs)
+    if budget_s is None:
+        return Fit(list(configs), 0, unscaled, unscaled, None, [])
+    cap = emulated_cap_s if emulated_cap_s is not None else max(20.0, budget_s / 60)
+    is_emulated = [not precision_is_native(c.stack.precision, c.device) for c in configs]
+
+    def at(level: int) -> tuple[list[TrialConfig], list]:
+        out, emulated = [], []
+        for c, emu in zip(configs, is_emulated):
+            if not emu:
+                out.append(shrink(c, level))
+                continue
+            own = level
+            while own < len(LEVELS) - 1 and trial_seconds(shrink(c, own, True), costs) > cap:
+                own += 1
+            shrunk = shrink(c, own, True)
+            out.append(shrunk)
+            emulated.append((shrunk, own, trial_seconds(shrunk, costs)))
+        return out, emulated
+
+    for level in range(len(LEVELS)):
+        shrunk, emulated = at(level)
+        total = estimate_seconds(shrunk, costs)
+        if total / max(1, workers) <= budget_s or level == len(LEVELS) - 1:
+            return Fit(shrunk, level, total, unscaled, budget_s, emulated)
+    raise AssertionError("unreachable")
+
+
+def parse_budget(text: str) -> float | None:
+    """'30m', '90s', '1.5h', '45' (minutes) -> seconds; 'none' or '0' -> no budget."""
+    value = text.strip().lower()
+    if value in ("none", "0", "off"):
+        return None
+    units = {"s": 1, "m": 60, "min": 60, "h": 3600}
+    for suffix in sorted(units, key=len, reverse=True):
+        if value.endswith(suffix):
+            number, scale = value[:-len(suffix)], units[suffix]
+            break
+    else:
+        number, scale = value, 60
+    try:
+        seconds = float(number) * scale
+    except ValueError:
+        raise ValueError(f"budget {text!r} is not a duration; use e.g. 30m, 90s, 1.5h or none") from None
+    if seconds <= 0:
+        raise ValueError(f"budget {text!r} must be positive (or 'none')")
+    return seconds
+
+
+def format_calibration(costs: dict[tuple[str, str], StepCost], device: str) -> str:
+    from trials.hardware import precision_is_native
+
+    lines = [f"  {'model':<18}{'precision':<11}{'decode ms/step':>15}{'prefill ms/token':>18}{'load s':>8}"]
+    for (model, precision), c in sorted(costs.items()):
+        note = "" if precision_is_native(precision, device) else "  (emulated on this CPU)"
+        lines.append(f"  {model:<18}{precision:<11}{c.decode_s * 1e3:>15.1f}{c.prefill_token_s * 1e3:>18.2f}"
+                     f"{c.load_s:>8.1f}{note}")
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Sizing a sweep to the machine: calibration (real, on the tiny zoo), estimates, shrinking to a budget."""
+
+import json
+
+import pytest
+import torch
+
+from sweeps import budget
+from sweeps.spaces import PROFILES, SPACES
+from trials.hardware import cpu_profile, precision_is_native
+
+MODELS = ["tiny-mha", "tiny-gqa"]
+
+
+def _plan():
+    return [c for space in SPACES.values() for c in space(MODELS, PROFILES["quick"], "cpu")]
+
+
+def _costs(configs, decode_s=0.01, emulated_factor=20.0):
+    """Step costs as a calibration would report them (input data for the estimate, not a mock)."""
+    costs = {}
+    for model, precision in budget.pairs_needed(configs):
+        factor = 1.0 if precision_is_native(precision, "cpu") else emulated_factor
+        costs[(model, precision)] = budget.StepCost(decode_s * factor, decode_s * factor / 20, 0.5)
+    return costs
+
+
+@pytest.mark.parametrize("text,seconds", [("30m", 1800), ("90s", 90), ("1.5h", 5400), ("45", 2700),
+                                          ("none", None), ("0", None)])
+def test_parse_budget_cpu(text, seconds):
+    assert budget.parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "-5m", "m"])
+def test_parse_budget_rejects_bad_input_cpu(text):
+    with pytest.raises(ValueError, match="budget"):
+        budget.parse_budget(text)
+
+
+def test_generous_budget_keeps_the_profile_as_written_cpu():
+    configs = _plan()
+    fitted = budget.fit(configs, _costs(configs), budget_s=10 ** 7, workers=2, emulated_cap_s=10 ** 7)
+    assert fitted.level == 0 and not any(e[1] for e in fitted.emulated)
+    assert [c.config_hash for c in fitted.configs] == [c.config_hash for c in configs]
+
+
+def test_tight_budget_shrinks_workloads_never_the_set_of_trials_cpu():
+    configs = _plan()
+    costs = _costs(configs)
+    unscaled = budget.estimate_seconds(configs, costs)
+    fitted = budget.fit(configs, costs, budget_s=unscaled / 2 / 4, workers=2)
+    assert fitted.level > 0
+    assert fitted.estimate_s < unscaled
+    assert len(fitted.configs) == len(configs)
+    identity = lambda c: (c.group, c.model, c.stack, c.workload.context_tokens, c.workload.prompt_set)
+    assert [identity(c) for c in fitted.configs] == [identity(c) for c in configs]
+    for before, after in zip(configs, fitted.configs):
+        assert after.workload.max_new_tokens <= before.workload.max_new_tokens
+        assert after.workload.max_new_tokens >= min(before.workload.max_new_tokens,
+                                                    budget.MIN_NEW_TOKENS_EMULATED)
+        assert 1 <= after.workload.prompts_per_type <= before.workload.prompts_per_type
+        assert min(before.repeats, budget.MIN_REPEATS) <= after.repeats <= before.repeats
+
+
+def test_estimate_falls_with_every_level_cpu():
+    configs = _plan()
+    costs = _costs(configs)
+    estimates = [budget.estimate_seconds([budget.shrink(c, level) for c in configs], costs)
+                 for level in range(len(budget.LEVELS))]
+    assert all(b <= a for a, b in zip(estimates, estimates[1:]))
+    assert estimates[-1] < estimates[0] / 4
+
+
+def test_emulated_precision_trials_shrink_to_their_cap_cpu():
+    configs = _plan()
+    costs = _costs(configs, emulated_factor=50.0)
+    emulated = [c for c in configs if not precision_is_native(c.stack.precision, "cpu")]
+    if not emulated:
+        pytest.skip("every planned precision is native on this CPU")
+    cap = max(budget.trial_seconds(budget.shrink(c, len(budget.LEVELS) - 1, True), costs) for c in emulated)
+    fitted = budget.fit(configs, costs, budget_s=10 ** 7, workers=2, emulated_cap_s=cap)
+    assert fitted.level == 0                         # the native trials keep the profile as written
+    assert {c.config_hash for c, _, _ in fitted.emulated} <= {c.config_hash for c in fitted.configs}
+    assert len(fitted.emulated) == len(emulated)
+    assert all(seconds <= cap + 1e-9 for _, _, seconds in fitted.emulated)
+
+
+def test_quantization_trials_shrink_their_perplexity_windows_too_cpu():
+    from trials.quantization import perplexity_method
+
+    config = next(c for c in _plan() if c.group == "quantization")
+    shrunk = budget.shrink(config, 3)
+    default = perplexity_method(config.model).windows
+    assert 0 < shrunk.workload.eval_windows < default
+    assert perplexity_method(config.model, shrunk.workload.eval_windows).windows == shrunk.workload.eval_windows
+
+
+def test_calibration_measures_real_models_and_caches_per_machine_cpu(tiny_zoo, tmp_path, monkeypatch):
+    monkeypatch.setenv(budget.CACHE_ENV_VAR, str(tmp_path / "calibration.json"))
+    pairs = {("tiny-gqa", "fp32"), ("tiny-draft", "fp32")}
+    first = budget.calibrate(pairs, "cpu", threads=1)
+    assert set(first) == pairs
+    for cost in first.values():
+        assert cost.decode_s > 0 and cost.prefill_token_s > 0 and cost.load_s >= 0
+    stored = json.loads((tmp_path / "calibration.json").read_text())["entries"]
+    assert sorted(key.split("|")[0] for key in stored) == ["tiny-draft", "tiny-gqa"]
+    assert all(cpu_profile().model in key and f"torch={torch.__version__}" in key for key in stored)
+    assert budget.calibrate(pairs, "cpu", threads=1) == first          # from the cache, unchanged
+    again = budget.calibrate(pairs, "cpu", threads=1, recalibrate=True)
+    assert again.keys() == first.keys() and again != first             # measured afresh
