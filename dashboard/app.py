@@ -25,9 +25,11 @@ from dash import Input, Output, dcc, html  # noqa: E402
 
 import tracking  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
+from dashboard.sections.common import emulation_note, mark_emulated  # noqa: E402
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}
+WARNING = {"color": "#8a4b00", "background": "#fff4e0", "padding": "0.3em 0.6em", "fontSize": "0.9em"}
 
 
 def fill_command(group: str) -> str:
@@ -72,7 +74,9 @@ def render_section(section, uri: str) -> html.Section:
                       else "Finished runs exist but lack the columns this chart needs.")
             body = [empty_state(section.GROUP, reason)]
         else:
-            body = _graphs(charts)
+            note = emulation_note(frame)
+            body = ([html.P(note, id=f"{section.GROUP}-emulated", style=WARNING)] if note else [])
+            body += _graphs(charts)
             text = section.caption(frame) if hasattr(section, "caption") else ""
             if text:
                 body.append(html.P(text, id=f"{section.GROUP}-caption", style=MUTED))
@@ -82,7 +86,9 @@ def render_section(section, uri: str) -> html.Section:
 
 
 def _graphs(charts) -> list:
-    return [dcc.Graph(id=cid, figure=fig, config={"displaylogo": False}) for cid, fig in charts]
+    """Every chart goes through here, so every chart marks its emulated-precision points."""
+    return [dcc.Graph(id=cid, figure=mark_emulated(fig), config={"displaylogo": False})
+            for cid, fig in charts]
 
 
 def _deep_dive_models(section, frame) -> list[str]:

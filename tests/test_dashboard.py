@@ -6,6 +6,10 @@ the page: what the browser plotted must be exactly what the store holds (latest 
 precision), with each bar traceable to its run. Logging a rerun while the server is up and pressing
 "Reload data" must show the new number without a restart. Empty groups must name the command that
 fills them.
+
+The emulated-precision marks are checked without a browser: runs logged through the real tracking
+API with hand-written tags (one bf16 run tagged ``precision_native`` False, as on an AVX2-only CPU),
+the section rendered as the app renders it (``render_section``), its figure and note read back.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import tracking
 from dashboard.sections import SECTIONS
 from sweeps.spaces import SPACES
 from trials.config import GROUPS, Stack, TrialConfig, Workload
+from trials.run import TrialResult
 
 from ui import APP, RENDER_TIMEOUT_S, needs_browser, serve  # noqa: E402
 from ui import figure as _figure, text as _text  # noqa: E402
@@ -51,7 +56,7 @@ def _assert_hover_says_where_the_number_came_from(driver, uri: str) -> None:
         "return h && h.textContent"))
     frame = tracking.runs_frame(uri, "baseline")
     for needle in ("ttft_s", "tpot_s", "peak memory", frame["tags.env.device_name"].iloc[0],
-                   frame["tags.env.git_sha"].iloc[0][:12]):
+                   frame["tags.env.cpu_capability"].iloc[0], frame["tags.env.git_sha"].iloc[0][:12]):
         assert needle in text, (needle, text)
     assert any(h in text for h in frame["tags.config_hash"]), text
 
@@ -140,3 +145,95 @@ def test_every_section_has_the_interface_and_an_empty_state_cpu():
     for section in SECTIONS:
         assert section.TITLE and section.BLURB.endswith((".", "?"))
         assert section.figures(pd.DataFrame()) == []
+
+
+# ------------------------------------------------------------------------------ emulated precision
+
+AVX2_CPU = {"env.device_name": "AMD EPYC 7B13", "env.cpu_model": "AMD EPYC 7B13",
+            "env.cpu_capability": "AVX2", "env.bf16_native": "False", "env.fp16_native": "False",
+            "env.bf16_matmul_ratio": "42.3", "env.fp16_matmul_ratio": "38.9",
+            "env.git_sha": "0123456789abcdef"}
+
+
+def _logged(uri: str, group: str, model: str, precision: str, native: str | None, batch: int = 1,
+            tok_per_s: float = 100.0) -> None:
+    """One finished run through the real tracking API; ``native`` None: a run from before the tags."""
+    config = TrialConfig(group=group, model=model, workload=Workload("mixed", 1, 8), repeats=1,
+                         stack=Stack(precision=precision, batch_size=batch))
+    tags = {} if native is None else {**AVX2_CPU, "precision_native": native}
+    metrics = {"tok_per_s": tok_per_s, "per_stream_tok_per_s": tok_per_s / batch,
+               "peak_memory_bytes": 2.0 ** 20 * batch, "ttft_s": 0.01, "tpot_s": 0.001}
+    tracking.log_trial(uri, TrialResult(config, "FINISHED", metrics=metrics, tags=tags))
+
+
+def _render(uri: str, group: str):
+    from dashboard import app
+
+    section = next(s for s in SECTIONS if s.GROUP == group)
+    return app.render_section(section, uri)
+
+
+def _find(component, component_id: str):
+    """The component with ``component_id`` anywhere under ``component``, or None."""
+    if getattr(component, "id", None) == component_id:
+        return component
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, (list, tuple)) else [children]:
+        if child is not None and not isinstance(child, str):
+            found = _find(child, component_id)
+            if found is not None:
+                return found
+    return None
+
+
+@pytest.fixture
+def store(tmp_path) -> str:
+    uri = tracking.resolve_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    tracking.prepare_store(uri)
+    return uri
+
+
+def test_emulated_bars_are_hatched_faded_and_named_on_hover_cpu(store):
+    _logged(store, "baseline", "tiny-gqa", "fp32", "True", tok_per_s=100.0)
+    _logged(store, "baseline", "tiny-gqa", "bf16", "False", tok_per_s=3.0)
+    _logged(store, "baseline", "tiny-mha", "bf16", None, tok_per_s=50.0)      # an old run: no tags
+    rendered = _render(store, "baseline")
+    figure = _find(rendered, "baseline-throughput").figure
+    bars = {(x, t.name): (t, i) for t in figure.data for i, x in enumerate(t.x)}
+
+    trace, i = bars[("tiny-gqa", "bf16")]
+    assert trace.marker.pattern.shape[i] == "/" and trace.marker.opacity[i] < 1
+    device = trace.customdata[i][3]
+    assert "AMD EPYC 7B13" in device and "AVX2" in device and "bf16 EMULATED" in device
+    assert "~42x fp32" in device
+    assert "%{customdata[3]}" in trace.hovertemplate
+    for key in (("tiny-mha", "bf16"), ("tiny-gqa", "fp32")):           # untagged and native: plain
+        trace, i = bars[key]
+        assert "EMULATED" not in trace.customdata[i][3]
+        assert trace.marker.pattern.shape in (None, ()) or trace.marker.pattern.shape[i] == ""
+        assert trace.marker.opacity is None or trace.marker.opacity[i] == 1
+    assert "AVX2" in bars[("tiny-gqa", "fp32")][0].customdata[bars[("tiny-gqa", "fp32")][1]][3]
+    assert sorted(t.name for t in figure.data) == ["bf16", "fp32"]   # series keep their names
+
+    note = _find(rendered, "baseline-emulated").children
+    assert note.startswith("bf16 on AMD EPYC 7B13 (AVX2) is emulated (~42x slower matmuls than fp32)")
+
+
+def test_emulated_points_are_crossed_and_faded_cpu(store):
+    for batch in (1, 2):
+        _logged(store, "batching", "tiny-gqa", "fp32", "True", batch=batch)
+        _logged(store, "batching", "tiny-gqa", "bf16", "False", batch=batch, tok_per_s=4.0)
+    figure = _find(_render(store, "batching"), "batching-throughput").figure
+    traces = {t.name: t for t in figure.data}
+    emulated, native = traces["tiny-gqa bf16"], traces["tiny-gqa fp32"]
+    assert list(emulated.marker.symbol) == ["circle-x", "circle-x"]
+    assert list(emulated.marker.opacity) == [0.5, 0.5]
+    assert native.marker.symbol is None and native.marker.opacity is None
+
+
+def test_runs_without_hardware_tags_render_unmarked_cpu(store):
+    _logged(store, "baseline", "tiny-gqa", "bf16", None)
+    rendered = _render(store, "baseline")
+    assert _find(rendered, "baseline-emulated") is None
+    trace = _find(rendered, "baseline-throughput").figure.data[0]
+    assert trace.marker.pattern.shape is None and trace.marker.opacity is None

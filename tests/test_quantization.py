@@ -185,7 +185,7 @@ def test_perplexity_reproduces_the_zoo_cards_with_the_zoos_windows_cpu(tiny_zoo)
 
 def test_nf4_layers_bitsandbytes_cannot_repack_keep_the_generic_path_cpu(tmp_path):
     """bitsandbytes 0.50 crashes repacking 4-bit layers whose input width is not a multiple of 64 on
-    AVX512-BF16 CPUs (zoo-deep); those layers are kept on the generic path. If bitsandbytes fixes
+    AVX512-BF16 CPUs (e.g. 864 wide); those layers are kept on the generic path. If bitsandbytes fixes
     the repacking, the first half fails and the workaround can go."""
     from bitsandbytes.functional import has_avx512bf16
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM

@@ -160,7 +160,7 @@ def avoid_unpackable_cpu_layers(model: torch.nn.Module) -> tuple[int, int]:
 
     On CPUs with AVX512-BF16, bitsandbytes 0.50 repacks each ``Linear4bit`` at its first forward for
     a faster kernel, reshaping the absmax to ``(out, in // 64)`` and blocking rows by 32: a layer
-    whose input width is not a multiple of 64 (zoo-deep's down_proj, 864 wide) crashes there with
+    whose input width is not a multiple of 64 (e.g. an 864-wide down_proj) crashes there with
     ``shape '[320, 13]' is invalid``. Those layers keep the generic dequantize-then-matmul path.
     Returns (layers switched to the generic path, 4-bit layers).
     """

@@ -7,6 +7,13 @@ store; a chart shows the most recent one.
 
 Values reach plotly as plain lists, not numpy arrays, so the figure JSON holds plain numbers that the
 browser (and the browser tests) can read back as they are.
+
+A number measured in a precision its CPU only emulates (bf16 on an AVX2-only CPU: ``precision_native``
+"False", see ``trials.hardware``) describes the emulation more than the optimization. Provenance says
+so in its device field (CPU model, torch's CPU capability, ``EMULATED``); ``mark_emulated`` then
+hatches and fades those bars and crosses and fades those points, and ``emulation_note`` is the line a
+section shows above its charts. The app applies both to every section, so a new chart gets them by
+using ``provenance`` in its hover. Runs logged before these tags existed count as native.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import plotly.graph_objects as go
 from trials.config import PRECISIONS
 
 MB = 1024 * 1024
+EMULATED = "EMULATED"      # in provenance's device field iff the run's precision was emulated
+EMULATED_OPACITY = 0.5
 
 PROVENANCE_HOVER = ("ttft_s: %{customdata[0]}<br>tpot_s: %{customdata[1]}<br>"
                     "peak memory: %{customdata[2]}<br>device: %{customdata[3]}<br>"
@@ -57,6 +66,30 @@ def _short_sha(sha) -> str:
     return sha[:12] + "-dirty" if sha.endswith("-dirty") else sha[:12]
 
 
+def is_emulated(row: pd.Series) -> bool:
+    """The run's precision ran emulated on its CPU (tag ``precision_native`` "False"); unknown: no."""
+    return str(_value(row, "tags.precision_native")) == "False"
+
+
+def _slower(row: pd.Series, precision, pattern: str) -> str:
+    """``pattern`` filled with the run's measured 16-bit/fp32 matmul time ratio, or "" without one."""
+    value = pd.to_numeric(_value(row, f"tags.env.{precision}_matmul_ratio"), errors="coerce")
+    return "" if pd.isna(value) else pattern.format(value)
+
+
+def device_text(row: pd.Series) -> str:
+    """``AMD EPYC (AVX2)``; a GPU adds its host CPU; an emulated precision says so and how slow."""
+    name = str(_value(row, "tags.env.device_name") or _value(row, "device") or "n/a")
+    cpu, capability = _value(row, "tags.env.cpu_model"), _value(row, "tags.env.cpu_capability")
+    text = name if not cpu or str(cpu) == name else f"{name} · CPU {cpu}"
+    if capability:
+        text += f" ({capability})"
+    if is_emulated(row):
+        precision = _value(row, "precision") or "16-bit"
+        text += f" · {precision} {EMULATED}" + _slower(row, precision, ", matmuls ~{:.0f}x fp32 time")
+    return text
+
+
 def provenance(rows: pd.DataFrame) -> list[list[str]]:
     """Per row, the hover fields of ``PROVENANCE_HOVER``, already formatted."""
     data = []
@@ -67,13 +100,71 @@ def provenance(rows: pd.DataFrame) -> list[list[str]]:
             _fmt(_value(row, "ttft_s"), "{:.4f} s"),
             _fmt(_value(row, "tpot_s"), "{:.5f} s"),
             _fmt(_value(row, "peak_memory_bytes"), "{:.1f} MB", 1 / MB),
-            str(_value(row, "tags.env.device_name") or _value(row, "device") or "n/a"),
+            device_text(row),
             _short_sha(sha),
             str(_value(row, "tags.config_hash") or "n/a"),
             _fmt(_value(row, "repeats"), "{:.0f}"),
             str(run_id)[:8] if run_id else "n/a",
         ])
     return data
+
+
+def _is_provenance_trace(trace) -> bool:
+    return (isinstance(trace.hovertemplate, str) and PROVENANCE_HOVER in trace.hovertemplate
+            and bool(trace.customdata))
+
+
+def _emulated_symbol(symbol) -> str:
+    """``circle`` -> ``circle-x``, ``diamond-open`` -> ``diamond-x-open``; other shapes stay."""
+    symbol = str(symbol or "circle")
+    base, open_ = (symbol[:-5], "-open") if symbol.endswith("-open") else (symbol, "")
+    return f"{base}-x{open_}" if base in ("circle", "square", "diamond") else symbol
+
+
+def mark_emulated(figure: go.Figure) -> go.Figure:
+    """Hatch and fade every bar, cross and fade every marker, whose run ran an emulated precision.
+
+    Works on any trace whose hover shows ``PROVENANCE_HOVER`` (its customdata rows start with the
+    ``provenance`` fields); traces and their names are left as they are, only per-point style changes.
+    """
+    for trace in figure.data:
+        if not _is_provenance_trace(trace):
+            continue
+        flags = [EMULATED in str(point[3]) for point in trace.customdata]
+        if not any(flags):
+            continue
+        opacity = [EMULATED_OPACITY if f else 1.0 for f in flags]
+        if trace.type == "bar":
+            trace.marker.pattern.shape = ["/" if f else "" for f in flags]
+            trace.marker.opacity = opacity
+        elif trace.type == "scatter" and "markers" in (trace.mode or "markers"):
+            symbol = trace.marker.symbol
+            symbols = list(symbol) if isinstance(symbol, (list, tuple)) else [symbol] * len(flags)
+            trace.marker.symbol = [_emulated_symbol(s) if f else (s or "circle")
+                                   for s, f in zip(symbols, flags)]
+            trace.marker.opacity = opacity
+    return figure
+
+
+def emulation_note(frame: pd.DataFrame) -> str:
+    """One line naming each precision a CPU only emulated, over the runs a chart may show (the latest
+    run per configuration); empty when there are none or the runs predate the tags."""
+    if not has(frame, "tags.precision_native"):
+        return ""
+    rows = latest(frame, ["tags.config_hash"]) if "tags.config_hash" in frame.columns else frame
+    rows = rows[[is_emulated(row) for _, row in rows.iterrows()]]
+    keys = [c for c in ("precision", "tags.env.cpu_model", "tags.env.cpu_capability")
+            if c in rows.columns]
+    parts = []
+    for _, row in (rows.drop_duplicates(keys) if keys else rows.head(1)).iterrows():
+        precision = _value(row, "precision") or "16-bit"
+        cpu = _value(row, "tags.env.cpu_model") or _value(row, "tags.env.device_name") or "its CPU"
+        capability = _value(row, "tags.env.cpu_capability")
+        parts.append(f"{precision} on {cpu}{f' ({capability})' if capability else ''} is emulated"
+                     + _slower(row, precision, " (~{:.0f}x slower matmuls than fp32)")
+                     + f": its bars and points (hatched or crossed, faded; {EMULATED} on hover) "
+                     "measure that emulation as much as the optimization")
+    return "; ".join(parts) + "." if parts else ""
 
 
 def precision_order(values) -> list[str]:

@@ -117,6 +117,19 @@ def _measured(figure: go.Figure, part: pd.DataFrame, name: str, y: str, **kwargs
         customdata=_customdata(part), hovertemplate=_hover(name, "tokens in cache", "MB"), **kwargs))
 
 
+def _reference_note(rows: pd.DataFrame) -> str:
+    """Which full-precision cache the quantized ones are compared with (fp32 where bf16 is emulated)."""
+    bits = sorted({int(b) for b in pd.to_numeric(rows.get("kv_cache_dtype_bits", pd.Series(dtype=float)),
+                                                 errors="coerce").dropna()})
+    if not bits or bits == [16]:
+        return ""
+    return (f"The full-precision reference cache here is {'/'.join(map(str, bits))}-bit: these runs used "
+            f"{'/'.join(sorted(set(rows['precision'].astype(str))))} weights (bf16 is emulated on a CPU "
+            "without native bf16, so the group runs fp32 there, and transformers' QuantizedCache keeps "
+            "its residual window and scales in the weights' dtype); compression ratios are against "
+            "that cache, not a 16-bit one. ")
+
+
 # ------------------------------------------------------------------------------ per model
 
 def memory_chart(rows: pd.DataFrame, model: str) -> go.Figure:
@@ -141,7 +154,8 @@ def memory_chart(rows: pd.DataFrame, model: str) -> go.Figure:
             line=dict(dash="dot"),
             hovertemplate=f"expected 4-bit {backend}: formula × 4/16 + scales/zeros + residual "
                           "window (trials/kv_cache.py)<br>%{x:,.0f} tokens: %{y:,.3f} MB<extra></extra>"))
-    for name, sub in [("16-bit (full), measured", part[part["kv_bits"] == 16])] + \
+    full_bits = _fmt(part.get("kv_cache_dtype_bits", pd.Series([16.0])).max(), "{:.0f}").replace("n/a", "16")
+    for name, sub in [(f"{full_bits}-bit (full), measured", part[part["kv_bits"] == 16])] + \
             [(f"4-bit {b}, measured", s) for b, s in four.groupby("kv_backend", sort=True)]:
         _measured(figure, sub, name, "kv_cache_bytes", mode="markers", marker=dict(size=10))
     figure.update_layout(title=f"{model}: the KV cache itself — full vs 4-bit (points measured, "
@@ -352,6 +366,7 @@ def caption(frame: pd.DataFrame) -> str:
         f"{count_range(rows, 'prompts_per_type')} prompt(s) per type ({prompt_sets}), "
         f"{count_range(rows, 'max_new_tokens')} new tokens, {count_range(rows, 'repeats')} repeats, "
         f"batch 1, device: {device_names(rows)}; latest run per stack and context. "
+        f"{_reference_note(rows)}"
         f"The crossover chart projects the exact formula beyond the measured range for batch 1 and "
         f"batch {LARGE_BATCH}. The two charts above are exact from config, not measured: "
         "trials/kv_footprint.py on the catalogue's transcribed hub configs (MLA as its latent cache, "
