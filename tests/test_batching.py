@@ -149,7 +149,8 @@ def test_sweep_records_the_memory_boundary_and_goes_on_cpu(tiny_zoo, tmp_path):
     assert budget < above
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     done = _sweep("--groups", "batching", "--models", "tiny-gqa", "--profile", "quick",
-                  "--workers", "1", "--tracking-uri", uri, "--memory-budget", str(budget))
+                  "--workers", "1", "--tracking-uri", uri, "--memory-budget", str(budget),
+                  "--budget", "none")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ladder = BATCH_LADDERS["quick"]
     assert f"2 finished, {len(ladder) - 2} failed" in done.stdout, done.stdout[-3000:]

@@ -37,7 +37,7 @@ def server(tmp_path):
 
 def test_sweep_on_a_two_node_cluster_logs_to_a_server_cpu(tiny_zoo, two_node_cluster, server, tmp_path):
     sweep = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--address", two_node_cluster.address,
-             "--groups", "baseline", "--models", "tiny-gqa,tiny-mha"]
+             "--groups", "baseline", "--models", "tiny-gqa,tiny-mha", "--budget", "none"]
     local_file = subprocess.run([*sweep, "--tracking-uri", f"sqlite:///{tmp_path}/local.db"],
                                 capture_output=True, text=True, timeout=300)
     assert local_file.returncode == 2 and "needs a tracking server" in local_file.stderr

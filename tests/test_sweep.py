@@ -1,6 +1,7 @@
 """The main job end to end: real Ray Tune (local), a real sqlite MLflow store, the real CLI."""
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +11,16 @@ import requests
 
 import tracking
 from conftest import mlflow_server
+from sweeps import budget
+from trials.hardware import cpu_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = "tiny-mha,tiny-gqa"
 
 
-def sweep(*args, timeout=600):
+def sweep(*args, timeout=600, env=None):
     return subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +28,11 @@ def swept_store(tiny_zoo, tmp_path_factory):
     """Two sweeps into one store: the first runs every baseline trial, the second none."""
     db = tmp_path_factory.mktemp("store") / "mlflow.db"
     uri = f"sqlite:///{db}"
-    first = sweep("--groups", "baseline", "--models", MODELS, "--tracking-uri", uri)
-    second = sweep("--groups", "baseline", "--models", MODELS, "--tracking-uri", uri)
+    # the default budget: calibrate (into a fresh cache), estimate, then run; the second sweep reuses
+    # the calibration, so it plans the same configs and skips them all
+    env = {**os.environ, budget.CACHE_ENV_VAR: str(db.parent / "calibration.json")}
+    first = sweep("--groups", "baseline", "--models", MODELS, "--tracking-uri", uri, env=env)
+    second = sweep("--groups", "baseline", "--models", MODELS, "--tracking-uri", uri, env=env)
     return uri, first, second
 
 
@@ -42,8 +48,14 @@ def test_sweep_writes_finished_runs_cpu(swept_store):
     assert (frame["kv_cache_bytes"] == frame["kv_cache_bytes_exact"]).all()
     assert (frame["num_threads"] == 1).all(), "torch threads must follow the CPUs Ray granted"
     for column in ("tags.env.device_name", "tags.env.torch", "tags.env.transformers", "tags.env.ray",
-                   "tags.env.mlflow", "tags.env.git_sha", "tags.env.host"):
+                   "tags.env.mlflow", "tags.env.git_sha", "tags.env.host", "tags.env.cpu_model",
+                   "tags.env.cpu_capability", "tags.env.bf16_native", "tags.env.bf16_matmul_ratio"):
         assert frame[column].notna().all() and (frame[column] != "").all(), column
+    native = frame.set_index("precision")["tags.precision_native"]
+    assert set(native["fp32"]) == {"True"}
+    assert set(native["bf16"]) == {str(cpu_profile().bf16_native)}
+    for needle in ("Calibration (what one step costs here", "tiny-gqa", "Estimated: ~", "Phases: zoo"):
+        assert needle in first.stdout, (needle, first.stdout[-3000:])
     raw = tracking.read_trial_artifact(uri, frame["run_id"].iloc[0])
     assert raw["raw"]["outputs"] and raw["raw"]["repeats"]
     assert "4 finished, 0 failed, 0 skipped" in first.stdout
@@ -72,6 +84,7 @@ def test_dry_run_prints_the_plan_cpu(swept_store):
     (["--tracking-uri", "sqlite:////nonexistent/dir/mlflow.db"], "does not exist"),
     (["--tracking-uri", "http://127.0.0.1:9/"], "unreachable"),
     (["--profile", "huge"], "invalid choice"),
+    (["--budget", "soon"], "not a duration"),
 ])
 def test_bad_input_is_one_line_and_touches_nothing_cpu(swept_store, args, needle):
     uri, _, _ = swept_store
