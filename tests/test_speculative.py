@@ -164,7 +164,8 @@ def speculative_store(tmp_path, tiny_zoo) -> str:
     """The real sweep (quick profile, tiny targets, 1 worker) into a fresh store."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     done = subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "speculative",
-                           "--models", "tiny-mha,tiny-gqa", "--workers", "1", "--tracking-uri", uri],
+                           "--models", "tiny-mha,tiny-gqa", "--workers", "1", "--tracking-uri", uri,
+                           "--budget", "1m"],   # the charts need every trial, not long workloads
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     planned = len(speculative(["tiny-mha", "tiny-gqa"], PROFILES["quick"], "cpu"))

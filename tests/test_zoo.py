@@ -14,12 +14,14 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trials import zoo
+from trials.hardware import cpu_profile
 
 REPO = Path(__file__).resolve().parents[1]
 CARD_FIELDS = (
     "name", "role", "family", "architecture", "parameters", "layers", "hidden_size", "attention_heads",
     "kv_heads", "head_dim", "vocab_size", "max_position_embeddings", "training_tokens", "train_steps",
     "heldout_perplexity", "heldout_tokens", "build_seconds", "seed", "recipe_hash", "corpus_hash", "how_made",
+    "train_precision",
 )
 TINY = zoo.ZOO_SETS["tiny"]
 
@@ -80,6 +82,8 @@ def test_tiny_zoo_build_and_reload_cpu(fresh_zoo):
             card["vocab_size"], card["max_position_embeddings"])
         assert cfg.max_position_embeddings >= 4096
         assert card["training_tokens"] == card["train_steps"] * card["batch_size"] * card["seq_len"]
+        # bf16 autocast only where bf16 is native: emulated, it trains ~10x slower than fp32
+        assert card["train_precision"] == ("bf16" if cpu_profile().bf16_native else "fp32")
 
     mha, gqa, draft = (fresh_zoo.cards[n] for n in ("tiny-mha", "tiny-gqa", "tiny-draft"))
     assert mha["role"] == gqa["role"] == "target" and draft["role"] == "draft"
@@ -191,3 +195,34 @@ def test_cli_list_help_and_errors_cpu(fresh_zoo, tmp_path):
 def test_tiny_zoo_fixture_builds_into_the_configured_dir_cpu(tiny_zoo):
     assert tiny_zoo == zoo.zoo_dir()
     assert all(zoo.is_built(name) for name in TINY)
+
+
+def test_growing_by_depth_starts_as_the_same_function_cpu(fresh_zoo):
+    """zoo-large's recipe: a trained model deepened with identity layers computes what it computed."""
+    from transformers import LlamaForCausalLM
+
+    source = AutoModelForCausalLM.from_pretrained(zoo.model_path("tiny-gqa"), dtype=torch.float32).eval()
+    recipe = dataclasses.replace(zoo.RECIPES["tiny-gqa"], layers=5, grow_from="tiny-gqa")
+    grown = LlamaForCausalLM(zoo._llama_config(recipe, source.config.vocab_size)).eval()
+    zoo._grow_by_depth(grown, source)
+    ids = zoo.heldout_windows("tiny")[:2]
+    with torch.inference_mode():
+        assert torch.allclose(grown(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-4)
+    assert sum(p.numel() for p in grown.parameters()) > sum(p.numel() for p in source.parameters())
+    with pytest.raises(ValueError, match="cannot grow"):
+        zoo._grow_by_depth(source, grown)
+
+
+def test_full_set_recipes_are_consistent_cpu():
+    """Sources exist in the set and come before what they feed; grown models match their source's width."""
+    for name in zoo.ZOO_SETS["full"]:
+        r = zoo.RECIPES[name]
+        order = list(zoo.ZOO_SETS["full"])
+        for source in zoo._sources(name):
+            assert source in order and order.index(source) < order.index(name)
+        if r.grow_from:
+            s = zoo.RECIPES[r.grow_from]
+            assert (r.hidden_size, r.attention_heads, r.kv_heads, r.head_dim, r.intermediate_size) == \
+                (s.hidden_size, s.attention_heads, s.kv_heads, s.head_dim, s.intermediate_size)
+            assert r.layers > s.layers
+    assert zoo._with_teachers(["zoo-large-draft"]) == ["zoo-gqa", "zoo-large", "zoo-large-draft"]
