@@ -269,7 +269,6 @@ def ensure_zoo(configs: list[TrialConfig]) -> None:
 
 
 def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: str):
-    import ray
     from ray import tune
 
     from sweeps.progress import ProgressPrinter

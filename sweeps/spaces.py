@@ -119,9 +119,9 @@ def kv_weight_precision(device: str) -> str:
     so the group runs fp32 weights there and its full-precision reference cache is fp32: the
     compression ratios are then against 32-bit, and every run says so (``precision``,
     ``kv_cache_dtype_bits``, ``kv_cache_method``)."""
-    from trials.hardware import precision_is_native
+    from trials.hardware import fast_precision
 
-    return "bf16" if precision_is_native("bf16", device) else "fp32"
+    return fast_precision(device)
 
 
 def kv_cache(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:

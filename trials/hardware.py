@@ -5,7 +5,7 @@ fp16 matmuls are emulated (one thread, 512x512: ~200 ms against ~5 ms in fp32), 
 bf16-autocast training there runs 20-40x slower than on a CPU with AVX-512-BF16 or AMX. A number
 measured in an emulated precision says more about the CPU than about the optimization, so every run
 records what its numbers depend on (``environment_tags``) and the zoo and the sweep choose their
-precision from ``native_dtype``.
+precision from ``fast_precision``.
 
 "Native" is decided by a measurement, not only by the CPU's flags: a 256x256 matmul in fp32 and in
 the 16-bit type, one thread, best of a few tries. A 16-bit matmul within ``NATIVE_MAX_RATIO`` of the
@@ -110,14 +110,6 @@ def precision_is_native(precision: str, device: str) -> bool:
         return True
     profile = cpu_profile()
     return profile.bf16_native if precision == "bf16" else profile.fp16_native
-
-
-def native_half(device: str) -> str | None:
-    """The 16-bit precision this device runs natively ('bf16' first), or None (use fp32)."""
-    for precision in ("bf16", "fp16"):
-        if precision_is_native(precision, device):
-            return precision
-    return None
 
 
 def fast_precision(device: str) -> str:
