@@ -25,6 +25,7 @@ from dash import Input, Output, dcc, html  # noqa: E402
 
 import tracking  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
+from trials import groups  # noqa: E402
 from dashboard.sections.common import emulation_note, mark_emulated  # noqa: E402
 
 PAGE_TITLE = "Which inference optimizations actually help?"
@@ -36,17 +37,11 @@ def fill_command(group: str) -> str:
     return f"python sweeps/full.py --groups {group}"
 
 
-def _implemented_groups() -> set[str]:
-    from sweeps.spaces import SPACES
-
-    return set(SPACES)
-
-
 def empty_state(group: str, reason: str = "No finished runs yet.") -> html.Div:
     lines = [html.P(reason), html.P(["Fill it with: ", html.Code(fill_command(group))])]
-    if group not in _implemented_groups():
+    if not groups.get(group).implemented:
         lines.append(html.P(f"This group's trials are not implemented yet "
-                            f"(sweeps/spaces.py has no search space for {group!r}).", style=MUTED))
+                            f"(trials/groups.py declares no search space for {group!r}).", style=MUTED))
     return html.Div(lines, id=f"{group}-empty", className="empty-state",
                     style={"border": "1px dashed #bbb", "padding": "0.5em 1em", "background": "#fafafa"})
 

@@ -36,7 +36,12 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from trials import zoo
 from trials.config import TrialConfig
+from trials.errors import ConfigError
+from trials.prompts import workload_prompts
+from trials.registry import get_model, perplexity_method, reference_precision
+from trials.worker import WORKER
 
 log = logging.getLogger("sweeps.budget")
 
@@ -49,7 +54,7 @@ def cache_file() -> Path:
 CALIBRATION_FORMAT = 1
 PREFILL_TOKENS = 32
 DECODE_STEPS = 4
-WARMUP_TOKENS = 2                 # trials.run.WARMUP_TOKENS
+WARMUP_TOKENS = 2                 # trials.loop.WARMUP_TOKENS
 MIN_NEW_TOKENS = 16
 MIN_NEW_TOKENS_EMULATED = 8
 MIN_REPEATS = 2
@@ -89,12 +94,8 @@ def _fingerprint(threads: int, device: str) -> str:
 
 def _model_identity(model: str) -> str:
     """What makes two calibrations of one name comparable: the zoo recipe, or the folder/hub id."""
-    from trials.registry import get_model
-
     entry = get_model(model)
     if entry.source == "zoo":
-        from trials import zoo
-
         return zoo.recipe_hash(entry.location)
     return entry.location
 
@@ -163,7 +164,6 @@ def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
     import torch
 
     from trials import models
-    from trials.config import ConfigError
 
     cache = _read_cache()
     costs: dict[tuple[str, str], StepCost] = {}
@@ -190,7 +190,7 @@ def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
                          str(exc).splitlines()[0])
                 continue
             finally:
-                models.clear_cache()
+                WORKER.drop_models()
             costs[(model, precision)] = cost
             cache[_key(model, precision, device, threads)] = asdict(cost)
             log.info("  [%d/%d] %s %s: %.1f ms per decode step, %.2f ms per prefill token",
@@ -203,8 +203,6 @@ def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
 
 def pairs_needed(configs: list[TrialConfig]) -> set[tuple[str, str]]:
     """(model, precision) pairs whose step cost the estimate of ``configs`` reads."""
-    from trials.quantization import reference_precision
-
     pairs = set()
     for c in configs:
         pairs.add((c.model, c.stack.precision))
@@ -219,8 +217,6 @@ def pairs_needed(configs: list[TrialConfig]) -> set[tuple[str, str]]:
 
 def _prompts(config: TrialConfig) -> tuple[int, float]:
     """Number of prompts and their mean length in tokens (a chars/4 estimate unless set exactly)."""
-    from trials.prompts import workload_prompts
-
     prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
     tokens = config.workload.context_tokens or statistics.mean(len(p.text) for p in prompts) / 4
     return len(prompts), tokens
@@ -228,7 +224,7 @@ def _prompts(config: TrialConfig) -> tuple[int, float]:
 
 def _generate_s(cost: StepCost, prompts: int, prompt_tokens: float, new_tokens: int, repeats: int,
                 batch: int) -> float:
-    """Warm-up plus ``repeats`` timed passes of trials.run.measure."""
+    """Warm-up plus ``repeats`` timed passes of trials.loop.measure."""
     batches = math.ceil(prompts / batch)
     step = cost.decode_s * (1 + BATCH_STEP_GROWTH * (batch - 1))
     decode = batches * (repeats * new_tokens + WARMUP_TOKENS) * step
@@ -275,8 +271,6 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
                            _generate_s(cost, prompts, prompt_tokens, w.max_new_tokens, 1, 1))
         total += plain
     elif config.group == "quantization":
-        from trials.quantization import perplexity_method, reference_precision
-
         method = perplexity_method(config.model, w.eval_windows)
         ppl_tokens = method.windows * method.context
         ref_precision = reference_precision(config.model, config.device)
@@ -309,8 +303,6 @@ def shrink(config: TrialConfig, level: int, emulated: bool = False) -> TrialConf
         w, max_new_tokens=max(min(w.max_new_tokens, min_tokens), w.max_new_tokens // tokens_div),
         prompts_per_type=max(1, w.prompts_per_type // prompts_div))
     if config.group == "quantization" and prompts_div > 1:
-        from trials.quantization import perplexity_method
-
         default = perplexity_method(config.model, w.eval_windows).windows
         workload = replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_div))
     repeats = max(min(config.repeats, MIN_REPEATS), config.repeats - fewer_repeats)

@@ -26,8 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from sweeps.spaces import PROFILES, SPACES, default_models, run_order  # noqa: E402
-from trials.config import GROUPS, ConfigError, TrialConfig  # noqa: E402
+from sweeps import budget  # noqa: E402
+from sweeps.spaces import PROFILES, default_models, run_order  # noqa: E402
+from trials import groups, zoo  # noqa: E402
+from trials.config import TrialConfig, parse_memory_budget  # noqa: E402
+from trials.errors import ConfigError  # noqa: E402
+from trials.registry import all_models, get_model  # noqa: E402
 
 log = logging.getLogger("sweeps")
 
@@ -56,8 +60,6 @@ def _positive_int(text: str) -> int:
 
 
 def _memory_budget(text: str) -> int:
-    from trials.batching import parse_memory_budget
-
     try:
         return parse_memory_budget(text)
     except ConfigError as exc:
@@ -66,10 +68,8 @@ def _memory_budget(text: str) -> int:
 
 def _budget(text: str) -> str:
     """Checks a --budget value; ``budget_seconds`` turns it into seconds."""
-    from sweeps.budget import parse_budget
-
     try:
-        parse_budget(text)
+        budget.parse_budget(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                            epilog=__doc__.split("\n\n", 1)[1],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=_csv, default=None,
-                        help=f"comma-separated chart groups (implemented: {', '.join(SPACES)}; default: all)")
+                        help=f"comma-separated chart groups (implemented: {', '.join(groups.implemented())}; default: all)")
     parser.add_argument("--models", type=_csv, default=None,
                         help="comma-separated model names from the registry (default: the zoo's targets)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
@@ -119,17 +119,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def validate(args: argparse.Namespace) -> None:
     """Raise ConfigError (one line) for bad groups or models, before anything starts."""
-    from trials.registry import all_models, get_model
-
-    groups = args.groups if args.groups is not None else list(SPACES)
-    for group in groups:
-        if group not in GROUPS:
-            raise ConfigError(f"unknown group {group!r}; valid: {', '.join(GROUPS)}")
-        if group not in SPACES:
-            raise ConfigError(f"group {group!r} has no trials yet; implemented: {', '.join(SPACES)}")
-    if not groups:
-        raise ConfigError(f"--groups is empty; valid: {', '.join(SPACES)}")
-    args.groups = groups
+    chosen = args.groups if args.groups is not None else groups.implemented()
+    for name in chosen:
+        if not groups.get(name).implemented:
+            raise ConfigError(f"group {name!r} has no trials yet; implemented: {', '.join(groups.implemented())}")
+    if not chosen:
+        raise ConfigError(f"--groups is empty; valid: {', '.join(groups.implemented())}")
+    args.groups = chosen
     if args.models is not None:
         if not args.models:
             raise ConfigError(f"--models is empty; valid: {', '.join(all_models())}")
@@ -156,7 +152,8 @@ def _alive_nodes() -> int:
 
 def plan(args: argparse.Namespace, device: str) -> dict[str, list[TrialConfig]]:
     models = args.models or default_models(device)
-    return {group: SPACES[group](models, PROFILES[profile_name(args, device)], device) for group in args.groups}
+    profile = PROFILES[profile_name(args, device)]
+    return {name: groups.get(name).plan(models, profile, device) for name in args.groups}
 
 
 def profile_name(args: argparse.Namespace, device: str) -> str:
@@ -164,9 +161,7 @@ def profile_name(args: argparse.Namespace, device: str) -> str:
 
 
 def budget_seconds(args: argparse.Namespace, device: str) -> float | None:
-    from sweeps.budget import parse_budget
-
-    return parse_budget(args.budget or DEFAULT_BUDGET[profile_name(args, device)])
+    return budget.parse_budget(args.budget or DEFAULT_BUDGET[profile_name(args, device)])
 
 
 def planned_workers(args: argparse.Namespace, device: str) -> int:
@@ -185,8 +180,6 @@ def planned_workers(args: argparse.Namespace, device: str) -> int:
 
 def fit_to_budget(trials: dict[str, list[TrialConfig]], args, device: str):
     """Calibrate (cached per machine) and shrink the workloads so the trials fit the budget."""
-    from sweeps import budget
-
     configs = [c for cs in trials.values() for c in cs]
     threads = 1 if device == "cuda" else args.cpus_per_trial
     costs = budget.calibrate(budget.pairs_needed(configs), device, threads, recalibrate=args.recalibrate)
@@ -200,8 +193,6 @@ def fit_to_budget(trials: dict[str, list[TrialConfig]], args, device: str):
 
 
 def print_estimate(fitted, costs, device: str, workers: int) -> None:
-    from sweeps import budget
-
     print("Calibration (what one step costs here, batch 1):")
     print(budget.format_calibration(costs, device))
     if fitted.budget_s is None:
@@ -246,21 +237,15 @@ def print_plan(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]]) 
 
 
 def _zoo_names(configs: list[TrialConfig]) -> set[str]:
-    from trials.registry import get_model
-
     return {get_model(name).location for c in configs
             for name in (c.model, c.stack.draft_model) if name and get_model(name).source == "zoo"}
 
 
 def zoo_ready(configs: list[TrialConfig]) -> bool:
-    from trials import zoo
-
     return all(zoo.is_built(n) for n in _zoo_names(configs))
 
 
 def ensure_zoo(configs: list[TrialConfig]) -> None:
-    from trials import zoo
-
     stale = sorted(n for n in _zoo_names(configs) if not zoo.is_built(n))
     for set_name, names in zoo.ZOO_SETS.items():
         if set(names) & set(stale):
@@ -389,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
 def collect_outcomes(results, uri: str, sweep_id: str) -> list[dict]:
     """One dict per trial; a trial whose worker died is recorded here as a FAILED run."""
     import tracking
-    from trials.run import failed_result
+    from trials.loop import failed_result
 
     outcomes = []
     for result in results:

@@ -1,4 +1,5 @@
-"""Which trials exist: one search space per chart group.
+"""Which trials exist: one search space per chart group (each group's declaration in
+``trials.groups`` names its function here).
 
 A search space is a function ``(models, profile, device) -> list[TrialConfig]``. Spaces are explicit
 lists rather than Ray Tune samplers: every chart needs a specific grid, the plan can be printed
@@ -15,9 +16,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from trials.config import ConfigError, Stack, TrialConfig, Workload
+from trials import zoo
+from trials.config import Stack, TrialConfig, Workload
+from trials.errors import ConfigError
 from trials.registry import get_model, zoo_targets
 
 
@@ -183,22 +185,11 @@ def speculative(models: list[str], profile: Profile, device: str) -> list[TrialC
     return configs
 
 
-SPACES: dict[str, Callable[[list[str], Profile, str], list[TrialConfig]]] = {
-    "baseline": baseline,
-    "speculative": speculative,
-    "kv_cache": kv_cache,
-    "batching": batching,
-    "quantization": quantization,
-}
-
-
 def _parameters(model: str) -> int:
     """Parameter count from the zoo's model card; 0 where unknown without loading (hub models)."""
     entry = get_model(model)
     if entry.source != "zoo":
         return 0
-    from trials import zoo
-
     try:
         return int(zoo.load_card(entry.location)["parameters"])
     except (FileNotFoundError, KeyError):

@@ -17,7 +17,8 @@ from ray import tune
 
 import tracking
 from trials.config import Runtime, TrialConfig
-from trials.run import failed_result, run_trial
+from trials.loop import failed_result
+from trials.run import run_trial
 
 
 def granted_cpus() -> int | None:

@@ -21,7 +21,9 @@ from trials.batching import (base_id, batch_rows, equal_length_prompts, parse_me
 from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
 from trials.measure import model_weights_bytes
 from trials.prompts import workload_prompts
-from trials.run import compare_outputs, measure, run_trial, trial_prompts
+from trials.loop import compare_outputs, measure, trial_prompts
+from trials.run import run_trial
+from trials.worker import WORKER
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Workload("mixed", 1, 8)          # 4 prompts (one per type), 8 new tokens
@@ -40,6 +42,7 @@ def _kv_bytes_by_hand(model: str, tokens: int, rows: int) -> int:
 
 
 def test_runner_matches_batch1_and_kv_grows_with_the_batch_cpu(tiny_zoo):
+    WORKER.reset()                          # as a fresh worker: batch 1 measures what the others reuse
     results = {b: run_trial(_config("tiny-gqa", b)) for b in (1, 2, 4, 8)}
     prompt_tokens = results[1].metrics["prompt_tokens"]
     for batch, result in results.items():
@@ -61,7 +64,10 @@ def test_runner_matches_batch1_and_kv_grows_with_the_batch_cpu(tiny_zoo):
                                                     + m["predicted_activation_bytes"])
         assert m["predicted_kv_cache_bytes"] == _kv_bytes_by_hand("tiny-gqa", tokens + 1, batch)
     assert results[1].tags["batch1_reference"].startswith("this trial")
-    assert results[2].tags["batch1_reference"].startswith("trial ")
+    assert results[2].tags["batch1_reference"].startswith("reused: measured ")
+    assert results[1].config.config_hash in results[2].tags["batch1_reference"]   # batch 1 measured it
+    assert results[1].tags["bandwidth_source"] == "this trial"
+    assert results[2].tags["bandwidth_source"].startswith("reused: measured ")
     reused = [o["prompt_id"] for o in results[8].raw["outputs"]]
     assert len(set(reused)) == 8 and sum("#1" in pid for pid in reused) == 4
 
@@ -74,8 +80,8 @@ def test_left_padding_gives_batch1_outputs_when_lengths_differ_cpu(tiny_zoo, mod
     prompts = trial_prompts(config, loaded)
     lengths = {len(loaded.tokenizer(p.text)["input_ids"]) for p in prompts}
     assert len(lengths) > 1, "the test needs prompts of different lengths"
-    batched = measure(config, loaded, prompts, batch_size=4, repeats=1)
-    alone = measure(config, loaded, prompts, batch_size=1, repeats=1)
+    batched = measure(config, loaded, prompts, generate_kwargs={}, batch_size=4, repeats=1)
+    alone = measure(config, loaded, prompts, generate_kwargs={}, batch_size=1, repeats=1)
     assert batched.repeats[0][0].prompt_tokens == max(lengths)
     assert compare_outputs(batched.outputs(), alone.outputs())["lossless"] == 1.0
 

@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from sweeps import budget
-from sweeps.spaces import PROFILES, SPACES
+from sweeps.spaces import PROFILES
+from trials import groups
 from trials.hardware import cpu_profile, precision_is_native
 
 MODELS = ["tiny-mha", "tiny-gqa"]
 
 
 def _plan():
-    return [c for space in SPACES.values() for c in space(MODELS, PROFILES["quick"], "cpu")]
+    return [c for name in groups.implemented() for c in groups.get(name).plan(MODELS, PROFILES["quick"], "cpu")]
 
 
 def _costs(configs, decode_s=0.01, emulated_factor=20.0):

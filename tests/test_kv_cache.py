@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tracking
-from sweeps.spaces import KV_STACKS, PROFILES, SPACES
+from sweeps.spaces import KV_STACKS, PROFILES, kv_cache as kv_cache_space
 from trials import models
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.kv_cache import (cache_config, check_model, expected_bytes, require_backend,
@@ -25,7 +25,8 @@ from trials.kv_footprint import kv_footprint
 from trials.measure import kv_cache_bytes
 from trials.prompts import extend_to_tokens, workload_prompts
 from trials.registry import zoo_targets
-from trials.run import failed_result, run_trial
+from trials.loop import failed_result
+from trials.run import run_trial
 
 QUANTIZED = [(bits, backend) for bits, backend in KV_STACKS if bits != 16]
 
@@ -188,7 +189,7 @@ def test_context_prompts_have_exactly_n_tokens_cpu(tiny_zoo, n_tokens):
 
 
 def test_quick_space_plans_every_precision_per_context_in_reference_order_cpu():
-    configs = SPACES["kv_cache"](zoo_targets("full"), PROFILES["quick"], "cpu")
+    configs = kv_cache_space(zoo_targets("full"), PROFILES["quick"], "cpu")
     assert {c.model for c in configs} == set(zoo_targets("full"))
     for model in zoo_targets("full"):
         mine = [c for c in configs if c.model == model]

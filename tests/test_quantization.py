@@ -21,9 +21,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from trials import models, quantization, zoo
+from trials import models, quantization, quantized_weights, zoo
 from trials.config import ConfigError, Stack, TrialConfig, Workload
+from trials.perplexity import heldout_windows, perplexity, split_windows
+from trials.registry import perplexity_method
 from trials.run import run_trial
+from trials.worker import WORKER
+
+
+def _ppl(loaded, method):
+    return perplexity(loaded.model, loaded.tokenizer, method)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("tiny-gqa", "tiny-mha")
@@ -43,7 +50,7 @@ def swept(tiny_zoo, tmp_path_factory):
     """One real quick-profile sweep of the quantization group over the two tiny targets."""
     folder = tmp_path_factory.mktemp("quant-store")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    env = {**os.environ, quantization.QUANTIZED_DIR_ENV: str(folder / "quantized")}
+    env = {**os.environ, quantized_weights.QUANTIZED_DIR_ENV: str(folder / "quantized")}
     done = subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "quantization",
                            "--models", ",".join(MODELS), "--tracking-uri", uri],
                           capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
@@ -152,21 +159,21 @@ def test_int8_and_nf4_load_and_generate_cpu(tiny_zoo):
 
 def test_perplexity_is_deterministic_on_the_zoo_heldout_split_cpu(tiny_zoo):
     loaded = models.load("tiny-gqa", "fp32", "cpu")
-    method = quantization.perplexity_method("tiny-gqa")
-    first, second = quantization.perplexity(loaded, method), quantization.perplexity(loaded, method)
+    method = perplexity_method("tiny-gqa")
+    first, second = _ppl(loaded, method), _ppl(loaded, method)
     assert first.perplexity == second.perplexity and first.tokens == second.tokens
     # every scored token counted once: the first window scores context-1 tokens, later ones `stride`
-    counts = quantization._split(method.windows, method.weights)
+    counts = split_windows(method.windows, method.weights)
     assert first.tokens == sum(method.context - 1 + (n - 1) * method.stride for n in counts.values())
     # the windows are the zoo's own held-out token stream, cut every `stride` tokens
-    windows, starts, _ = quantization.heldout_windows(loaded.tokenizer, method)
+    windows, starts, _ = heldout_windows(loaded.tokenizer, method)
     heldout = torch.load(zoo.tokenizer_path("tiny") / zoo.CORPUS_IDS_FILE, weights_only=True)
     code = heldout["heldout/code"].long()
     assert torch.equal(windows[0], code[:method.context])
     assert torch.equal(windows[1], code[method.stride:method.stride + method.context])
     assert starts[0] == 1 and starts[1] == method.context - method.stride
     # bf16 scores the very same tokens
-    bf16 = quantization.perplexity(models.load("tiny-gqa", "bf16", "cpu"), method)
+    bf16 = _ppl(models.load("tiny-gqa", "bf16", "cpu"), method)
     assert bf16.tokens == first.tokens and bf16.perplexity != first.perplexity
 
 
@@ -175,9 +182,9 @@ def test_perplexity_reproduces_the_zoo_cards_with_the_zoos_windows_cpu(tiny_zoo)
     code gives the perplexity in the model card: the masking and the held-out split are the zoo's."""
     import dataclasses
 
-    method = quantization.perplexity_method("tiny-mha")
+    method = perplexity_method("tiny-mha")
     zoo_windows = dataclasses.replace(method, stride=method.context, windows=zoo.SETS["tiny"].eval_windows)
-    got = quantization.perplexity(models.load("tiny-mha", "fp32", "cpu"), zoo_windows)
+    got = _ppl(models.load("tiny-mha", "fp32", "cpu"), zoo_windows)
     card = zoo.load_card("tiny-mha")
     assert got.tokens == card["heldout_tokens"]
     assert got.perplexity == pytest.approx(card["heldout_perplexity"], abs=1e-3)
@@ -196,14 +203,14 @@ def test_nf4_layers_bitsandbytes_cannot_repack_keep_the_generic_path_cpu(tmp_pat
     ids = torch.tensor([[1, 2, 3, 4]])
 
     def load():
-        return AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quantization.bnb_config(
+        return AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quantized_weights.bnb_config(
             "nf4", torch.float32), dtype=torch.float32, device_map="cpu").eval()
 
     if has_avx512bf16():
         with pytest.raises(RuntimeError, match="is invalid for input of size"), torch.inference_mode():
             load()(input_ids=ids)
     model = load()
-    assert quantization.avoid_unpackable_cpu_layers(model) == (2, 14)     # the two down_proj layers
+    assert quantized_weights.avoid_unpackable_cpu_layers(model) == (2, 14)     # the two down_proj layers
     with torch.inference_mode():
         assert torch.isfinite(model(input_ids=ids).logits).all()
 
@@ -211,11 +218,10 @@ def test_nf4_layers_bitsandbytes_cannot_repack_keep_the_generic_path_cpu(tmp_pat
 def test_fp16_on_cpu_and_foreign_stacks_fail_with_a_reason_cpu(tiny_zoo):
     with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
         run_trial(_config("fp16"))
-    config = TrialConfig(group="quantization", model="tiny-gqa",
-                         stack=Stack(precision="nf4", speculation="prompt_lookup", num_draft_tokens=2),
-                         workload=Workload("mixed", 1, 8), repeats=1)
-    with pytest.raises(ConfigError, match="weight precision only"):
-        run_trial(config)
+    with pytest.raises(ConfigError, match="weight precision and batch size only"):   # the group's guard
+        TrialConfig(group="quantization", model="tiny-gqa",
+                    stack=Stack(precision="nf4", speculation="prompt_lookup", num_draft_tokens=2),
+                    workload=Workload("mixed", 1, 8), repeats=1)
 
 
 @pytest.mark.skipif(HAS_GPTQ, reason="GPTQModel is installed here; its absence is what is tested")
@@ -234,14 +240,14 @@ def test_missing_bitsandbytes_is_one_line_cpu(tiny_zoo):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines()[-1] == \
-        f"error: int8 weights need bitsandbytes: {quantization.BNB_INSTALL}"
+        f"error: int8 weights need bitsandbytes: {quantized_weights.BNB_INSTALL}"
 
 
 def test_sweep_space_per_device_cpu():
-    from sweeps.spaces import PROFILES, SPACES
+    from sweeps.spaces import PROFILES, quantization as quantization_space
 
-    cpu = SPACES["quantization"](["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
-    cuda = SPACES["quantization"](["tiny-gqa"], PROFILES["full"], "cuda")
+    cpu = quantization_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
+    cuda = quantization_space(["tiny-gqa"], PROFILES["full"], "cuda")
     assert [c.stack.precision for c in cpu] == list(CPU_PRECISIONS)        # drafts are not swept
     assert [c.stack.precision for c in cuda] == ["fp32", "bf16", "fp16", "int8", "nf4", "gptq"]
     assert cpu[0].workload.max_new_tokens < PROFILES["quick"].max_new_tokens
@@ -252,24 +258,24 @@ def test_gptq_group_size_divides_every_layer_cpu():
     from transformers import LlamaConfig
 
     deep = LlamaConfig(hidden_size=320, intermediate_size=864, num_attention_heads=10, head_dim=32)
-    assert quantization.gptq_group_size(deep) == 32
-    assert quantization.gptq_group_size(LlamaConfig(hidden_size=256, intermediate_size=768,
+    assert quantized_weights.gptq_group_size(deep) == 32
+    assert quantized_weights.gptq_group_size(LlamaConfig(hidden_size=256, intermediate_size=768,
                                                     num_attention_heads=8, head_dim=32)) == 128
-    assert quantization.gptq_group_size(LlamaConfig(hidden_size=112, intermediate_size=300,
+    assert quantized_weights.gptq_group_size(LlamaConfig(hidden_size=112, intermediate_size=300,
                                                     num_attention_heads=4, head_dim=28)) == -1
 
 
 @pytest.mark.skipif(not HAS_GPTQ, reason="needs the optional extra: pip install -e '.[gptq]' "
                                          "(GPTQModel pulls torch>=2.14.1 with CUDA libraries, ~6 GB)")
 def test_gptq_quantizes_once_caches_and_loads_cpu(tiny_zoo, tmp_path, monkeypatch):
-    monkeypatch.setenv(quantization.QUANTIZED_DIR_ENV, str(tmp_path))
-    models.clear_cache()
+    monkeypatch.setenv(quantized_weights.QUANTIZED_DIR_ENV, str(tmp_path))
+    WORKER.drop_models()
     first = run_trial(_config("gptq"))
     assert first.tags["gptq_cache"].startswith("quantized when this worker loaded it")
     folder = Path(first.tags["gptq_folder"])
-    card = json.loads((folder / quantization.GPTQ_CARD).read_text())
+    card = json.loads((folder / quantized_weights.GPTQ_CARD).read_text())
     assert card["bits"] == 4 and "held-in" in card["calibration"]
-    models.clear_cache()
+    WORKER.drop_models()
     second = run_trial(_config("gptq"))
     assert second.tags["gptq_cache"] == "loaded from the disk cache"
     assert second.tags["gptq_folder"] == str(folder)

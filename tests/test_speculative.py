@@ -19,8 +19,9 @@ import tracking
 from sweeps.spaces import PROFILES, SPECULATIVE_SIZING, speculative
 from trials import models
 from trials.config import ConfigError, Stack, TrialConfig, Workload
-from trials.run import failed_result, run_trial
-from trials.speculative import expected_tokens_per_pass, leviathan
+from trials.loop import failed_result
+from trials.run import run_trial
+from trials.theory import expected_tokens_per_pass, leviathan
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 24          # a multiple of k+1 for k in {1, 2, 3, 5}: no round is cut short by the limit

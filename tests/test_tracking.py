@@ -3,8 +3,9 @@
 import pytest
 
 import tracking
-from trials.config import GROUPS, Stack, TrialConfig, Workload
-from trials.run import TrialResult, failed_result
+from trials.config import Stack, TrialConfig, Workload
+from trials.groups import NAMES as GROUPS
+from trials.loop import TrialResult, failed_result
 
 
 def _config(precision="fp32"):

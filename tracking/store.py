@@ -1,6 +1,6 @@
 """The MLflow store: the only module of the project that imports mlflow.
 
-One experiment per chart group (``trials.config.GROUPS``), one run per trial: params are the flat
+One experiment per chart group (``trials.groups``), one run per trial: params are the flat
 config, metrics are the trial's measurements, tags say group, model, ``config_hash`` and the
 environment, and ``trial.json`` keeps the raw per-repeat numbers and generated texts. A trial that
 failed is a FAILED run whose ``error`` tag is its one-line reason.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from trials.config import GROUPS
+from trials.groups import NAMES as GROUPS
 
 TRIAL_ARTIFACT = "trial.json"
 _RETRIES = 5

@@ -5,7 +5,7 @@ is most of the step's cost (decode is memory-bandwidth-bound). Decoding B rows p
 so aggregate throughput climbs with B until the step becomes compute-bound; each stream gets a little
 slower, and the KV cache grows linearly with B until the device's memory runs out.
 
-What a trial does (``run_batching``), composing ``trials.run``'s pieces (one measurement loop):
+What a trial does (``run_batching``), composing ``trials.loop``'s pieces (one measurement loop):
 
 * Same prompt length at every batch size. The workload's prompts are cut to the token length of its
   shortest prompt, keeping each prompt's *end* (where the model continues), so rows of a batch are
@@ -18,7 +18,7 @@ What a trial does (``run_batching``), composing ``trials.run``'s pieces (one mea
 * ``outputs_match_batch1``: every row's greedy output must equal its prompt's output decoded alone.
   The batch-1 outputs are measured once per worker (``measure(..., batch_size=1, repeats=1)`` on the
   same loaded model, untimed as far as the trial is concerned) and reused by the worker's other trials
-  of that model and workload; the tag ``batch1_reference`` says which trial measured them.
+  of that model and workload; the tag ``batch1_reference`` says which trial measured them and when.
 * The memory boundary. ``predicted_peak_memory_bytes`` = weights + the exact KV cache of B rows at the
   final context (``trials.kv_footprint``) + an activation estimate (``predict_peak``). A trial whose
   predicted or measured peak exceeds the budget becomes a FAILED run whose reason starts with ``oom``
@@ -29,7 +29,8 @@ What a trial does (``run_batching``), composing ``trials.run``'s pieces (one mea
 * The roofline. Decode is bandwidth-bound at best, so one step cannot beat (bytes it must read) /
   (memory bandwidth): the weights once plus every row's KV cache. ``roofline_tok_per_s`` =
   B x bandwidth / (weights + KV at the mean decode context); ``roofline_ratio`` = measured / that.
-  The bandwidth is measured once per worker process by a large copy (``memory_bandwidth``).
+  The bandwidth is measured once per worker process by a large copy (``memory_bandwidth``; the tag
+  ``bandwidth_source`` says which trial measured it).
   Caveat on CPUs: the copy is larger than the last-level cache on purpose (DRAM bandwidth); a model
   small enough to live in that cache may read its weights faster than this ceiling assumes.
 """
@@ -38,48 +39,23 @@ from __future__ import annotations
 
 import gc
 import math
-import re
 import time
 from dataclasses import dataclass, replace
 
 import torch
 
 from trials import models
-from trials.config import ConfigError, Runtime, TrialConfig
+from trials.config import Runtime, TrialConfig, human_bytes, parse_memory_budget
+from trials.errors import ConfigError
 from trials.kv_footprint import KVFootprintError, kv_footprint
+from trials.loop import TrialResult, compare_outputs, failed_result, finish, measure, trial_prompts
 from trials.measure import model_weights_bytes
 from trials.prompts import Prompt
-from trials.run import (TrialResult, compare_outputs, failed_result, finish, measure,
-                        trial_prompts)
+from trials.theory import roofline_tok_per_s
+from trials.worker import WORKER
 
 OOM = "oom"
 REUSE_MARK = "#"
-
-# ------------------------------------------------------------------------------ memory budget
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_memory_budget(text: str) -> int:
-    """Bytes from ``"2GiB"``, ``"512MiB"``, ``"1.5GB"`` or ``"1073741824"``; ConfigError otherwise."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match and match.group(2).lower()
-    if not match or unit not in _UNITS:
-        raise ConfigError(f"memory budget {text!r} is not a size; use bytes or a number with "
-                          "KiB/MiB/GiB/TiB or KB/MB/GB/TB, e.g. 2GiB")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value < 1:
-        raise ConfigError(f"memory budget {text!r} must be at least 1 byte")
-    return value
-
-
-def human_bytes(n: float) -> str:
-    if n < 1024:
-        return f"{n:.0f} B"
-    exponent = min(3, int(math.log(n, 1024)))
-    return f"{n / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
-
 
 class OutOfMemory(ConfigError):
     """The trial does not fit the memory it may use; the message starts with ``oom``."""
@@ -194,7 +170,6 @@ def predict_peak(loaded: models.LoadedModel, batch: int, prompt_tokens: int,
 
 # ------------------------------------------------------------------------------ bandwidth, roofline
 
-_BANDWIDTH: dict[tuple[str, int], float] = {}
 COPY_REPEATS = 5
 
 
@@ -222,13 +197,13 @@ def copy_buffer_bytes(device: str) -> int:
     return int(min(max(2 * _last_level_cache_bytes(), 256 * 2**20), 2 * 2**30))
 
 
-def memory_bandwidth(device: str) -> float:
-    """Bytes/s of a large device-to-device copy (read + write counted), best of a few; measured once
-    per process and thread count (the trial's torch threads are the ones that read its weights)."""
-    key = (device, torch.get_num_threads())
-    if key not in _BANDWIDTH:
-        _BANDWIDTH[key] = _measure_bandwidth(device, copy_buffer_bytes(device))
-    return _BANDWIDTH[key]
+def memory_bandwidth(device: str, measured_by: str = "") -> tuple[float, str]:
+    """Bytes/s of a large device-to-device copy (read + write counted), best of a few, and where it
+    came from; measured once per worker and thread count (the trial's torch threads are the ones
+    that read its weights)."""
+    return WORKER.memo("batching.bandwidth").get(
+        (device, torch.get_num_threads()), measured_by,
+        lambda: _measure_bandwidth(device, copy_buffer_bytes(device)))
 
 
 def _measure_bandwidth(device: str, nbytes: int) -> float:
@@ -268,9 +243,6 @@ def decode_bytes_per_step(loaded: models.LoadedModel, batch: int, prompt_tokens:
 
 # ------------------------------------------------------------------------------ batch-1 reference
 
-_REFERENCE: dict[tuple, tuple[dict[str, list[int]], str]] = {}
-
-
 def _reference_key(config: TrialConfig, prompts: list[Prompt]) -> tuple:
     return (config.model, config.stack.precision, config.device, config.workload.max_new_tokens,
             tuple((p.id, p.text) for p in prompts))
@@ -278,18 +250,14 @@ def _reference_key(config: TrialConfig, prompts: list[Prompt]) -> tuple:
 
 def batch1_outputs(config: TrialConfig, loaded: models.LoadedModel,
                    prompts: list[Prompt]) -> tuple[dict[str, list[int]], str]:
-    """Each prompt's greedy output decoded alone, and which trial measured it (once per worker)."""
-    key = _reference_key(config, prompts)
-    if key not in _REFERENCE:
-        measured = measure(config, loaded, prompts, batch_size=1, repeats=1)
-        _REFERENCE[key] = (measured.outputs(), f"trial {config.config_hash} (batch 1, before timing)")
-    return _REFERENCE[key]
+    """Each prompt's greedy output decoded alone (once per worker, before timing), and where it came
+    from: ``"this trial"`` or ``"reused: measured N s earlier in this worker (trial <hash>)"``."""
+    return WORKER.memo("batching.batch1").get(
+        _reference_key(config, prompts), config.config_hash,
+        lambda: measure(config, loaded, prompts, generate_kwargs={}, batch_size=1, repeats=1).outputs())
 
 
 # ------------------------------------------------------------------------------ the ladder's end
-
-_LADDER_END: dict[tuple, int] = {}     # (model, precision, device, workload) -> smallest batch that OOMed
-
 
 def _ladder_key(config: TrialConfig) -> tuple:
     return (config.model, config.stack.precision, config.device, config.workload)
@@ -335,10 +303,11 @@ def _memory_metrics(predicted: PeakPrediction, budgets: dict[str, int]) -> dict[
 def _refused(config: TrialConfig, predicted: PeakPrediction, budgets: dict[str, int]) -> str:
     """Why the trial must not run (a reason starting with ``oom``), or ``""``."""
     batch = config.stack.batch_size
-    failed_at = _LADDER_END.get(_ladder_key(config))
-    if failed_at is not None and batch >= failed_at:
+    ended = WORKER.memo("batching.ladder_end").peek(_ladder_key(config))
+    if ended is not None and batch >= ended[0][0]:
+        failed_at, trial = ended[0]
         return (f"{OOM}: not run, batch {failed_at} of this model already ran out of device memory "
-                "on this worker")
+                f"on this worker (trial {trial})")
     for name, limit in budgets.items():
         if predicted.total_bytes > limit:
             return (f"{OOM}: predicted peak {human_bytes(predicted.total_bytes)} exceeds the {name} "
@@ -357,14 +326,14 @@ def _overrun(peak_bytes: float, budgets: dict[str, int], batch: int) -> str:
 def _measure_against_batch1(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt],
                             rows: list[Prompt]):
     """The timed run of ``rows`` in batches, its batch-1 reference outputs and their source."""
-    batch = config.stack.batch_size
+    batch, memo = config.stack.batch_size, WORKER.memo("batching.batch1")
     if batch > 1:
         reference, source = batch1_outputs(config, loaded, prompts)
-    measured = measure(config, loaded, rows, batch_size=batch)
+    measured = measure(config, loaded, rows, generate_kwargs={}, batch_size=batch)
     if batch == 1:
         reference, source = measured.outputs(), "this trial (batch 1 is its own reference)"
-        _REFERENCE.setdefault(_reference_key(config, prompts),
-                              (reference, f"trial {config.config_hash} (batch 1)"))
+        if _reference_key(config, prompts) not in memo:
+            memo.put(_reference_key(config, prompts), config.config_hash, reference)
     return measured, reference, source
 
 
@@ -392,14 +361,17 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
     if refused:
         return oom_result(config, refused, memory)
 
-    bandwidth = memory_bandwidth(config.device)
+    bandwidth, bandwidth_source = memory_bandwidth(config.device, config.config_hash)
     ran_out = ""
     try:
         measured, reference, source = _measure_against_batch1(config, loaded, prompts, rows)
     except torch.OutOfMemoryError as exc:     # CUDA (and a CPU allocator that raises it)
         ran_out = f"{OOM}: batch {batch} ran out of device memory ({str(exc).strip()[:200]})"
     if ran_out:                               # outside the handler: its traceback holds the tensors
-        _LADDER_END[_ladder_key(config)] = min(batch, _LADDER_END.get(_ladder_key(config), batch))
+        ladder = WORKER.memo("batching.ladder_end")
+        ended = ladder.peek(_ladder_key(config))
+        if ended is None or batch < ended[0][0]:
+            ladder.put(_ladder_key(config), config.config_hash, (batch, config.config_hash))
         _free_device_memory(config.device)
         return oom_result(config, ran_out.splitlines()[0], memory)
 
@@ -408,8 +380,10 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
         loaded, batch, prompt_tokens, new_tokens, max(b.kv_cache_bytes for b in measured.repeats[0]))
     extra = {**memory, **matched, "prompt_tokens": float(prompt_tokens),
              "distinct_prompts": float(len(prompts)), "memory_bandwidth_bytes_per_s": bandwidth,
-             "decode_bytes_per_step": step_bytes, "roofline_tok_per_s": batch * bandwidth / step_bytes}
+             "decode_bytes_per_step": step_bytes,
+             "roofline_tok_per_s": roofline_tok_per_s(batch, bandwidth, step_bytes)}
     tags = {"batch1_reference": source, "roofline_kv_source": step_source,
+            "bandwidth_source": bandwidth_source,
             "prompt_rule": f"every prompt cut to {prompt_tokens} tokens (the shortest), end kept; "
                            f"{len(rows)} rows from {len(prompts)} prompts"}
     result = finish(config, runtime, loaded, measured, extra, tags,

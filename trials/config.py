@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 
-GROUPS = ("baseline", "speculative", "kv_cache", "batching", "quantization", "stacks")
+from trials import groups
+from trials.errors import ConfigError
+from trials.prompts import PROMPT_SETS
+from trials.registry import get_model
+
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
 KV_BITS = (16, 8, 4, 2)
 KV_BACKENDS = ("none", "hqq", "quanto")      # transformers' QuantizedCache backends
 KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2)}   # of KV_BITS, what each backend packs
 SPECULATION = ("none", "draft", "prompt_lookup")
 DEVICES = ("cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """A trial config that cannot be run; the message is one line meant for the user."""
 
 
 def _check(condition: bool, message: str) -> None:
@@ -106,8 +108,6 @@ class Workload:
     eval_windows: int = 0             # perplexity windows (quantization); 0: the method's default
 
     def validate(self) -> None:
-        from trials.prompts import PROMPT_SETS
-
         _check(self.prompt_set in PROMPT_SETS,
                f"unknown prompt_set {self.prompt_set!r}; valid: {', '.join(PROMPT_SETS)}")
         _check(isinstance(self.prompts_per_type, int) and self.prompts_per_type >= 1,
@@ -133,15 +133,14 @@ class TrialConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        from trials.registry import get_model
-
-        _check(self.group in GROUPS, f"unknown group {self.group!r}; valid: {', '.join(GROUPS)}")
+        group = groups.get(self.group)     # raises ConfigError naming the valid groups
         get_model(self.model)  # raises ConfigError naming the valid models
         _check(self.device in DEVICES,
                f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
         _check(isinstance(self.repeats, int) and self.repeats >= 1,
                f"repeats must be an integer >= 1, got {self.repeats!r}")
         self.stack.validate()
+        group.check(self.stack)            # the group's stack guard (trials.groups)
         self.workload.validate()
         if self.stack.draft_model is not None:
             draft, target = get_model(self.stack.draft_model), get_model(self.model)
@@ -202,3 +201,28 @@ class Runtime:
     git_sha: str = "unknown"
     sweep_id: str = ""
     memory_budget_bytes: int | None = None   # emulate a device this size (trials.batching): oom above it
+
+
+# Sizes, for ``Runtime.memory_budget_bytes`` (``--memory-budget``) and messages.
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory_budget(text: str) -> int:
+    """Bytes from ``"2GiB"``, ``"512MiB"``, ``"1.5GB"`` or ``"1073741824"``; ConfigError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match and match.group(2).lower()
+    if not match or unit not in _UNITS:
+        raise ConfigError(f"memory budget {text!r} is not a size; use bytes or a number with "
+                          "KiB/MiB/GiB/TiB or KB/MB/GB/TB, e.g. 2GiB")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise ConfigError(f"memory budget {text!r} must be at least 1 byte")
+    return value
+
+
+def human_bytes(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    exponent = min(3, int(math.log(n, 1024)))
+    return f"{n / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"

@@ -69,6 +69,22 @@ class CorpusSpec:
 
 
 @dataclass(frozen=True)
+class PerplexityMethod:
+    """Which held-out text, and how it is cut into scored windows (``trials.perplexity``)."""
+
+    corpus: CorpusSpec
+    context: int                                  # tokens per window
+    stride: int                                   # tokens between window starts
+    windows: int                                  # over all sources, split by ``weights``
+    weights: tuple[tuple[str, float], ...]
+
+    def describe(self) -> str:
+        mix = "/".join(f"{s} {w:.0%}" for s, w in self.weights)
+        return (f"strided sliding window: context {self.context}, stride {self.stride}, "
+                f"{self.windows} windows of zoo held-out text ({mix})")
+
+
+@dataclass(frozen=True)
 class Corpus:
     spec: CorpusSpec
     train: dict[str, tuple[Document, ...]]

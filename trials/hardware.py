@@ -28,6 +28,8 @@ from functools import cache
 import torch
 
 NATIVE_MAX_RATIO = 2.0
+# The plain (unquantized) precisions and their torch dtypes; quantized ones: trials.quantized_weights.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _MATMUL_SIZE = 256
 # CPU flags (/proc/cpuinfo "flags" on x86, "Features" on aarch64) that mean hardware 16-bit matmuls.
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")

@@ -4,7 +4,7 @@ The cache grows by ``2 x layers x kv_heads x head_dim`` elements per token, so a
 large batches it, not the weights, fills memory. transformers' ``QuantizedCache`` (KIVI-style)
 stores it in 8/4/2 bits, group-wise, with one of two backends: HQQ (8/4/2 bits) or optimum-quanto
 (4/2 bits). ``generate(cache_implementation="quantized", cache_config=...)`` is all a stack changes
-(``generate_kwargs``); timing and memory come from the shared loop (``trials.run.measure``).
+(``generate_kwargs``); timing and memory come from the shared loop (``trials.loop.measure``).
 
 How that cache stores what it holds (read from transformers' ``QuantizedLayer``, checked by walking
 the real tensors, ``trials.measure.kv_cache_bytes``): the prompt is quantized whole at prefill;
@@ -24,7 +24,7 @@ the same cache unquantized).
 Fidelity, against the full-precision cache on the same prompts in the same worker (the reference is
 measured once per model and workload and reused; the tag ``reference_source`` says by which trial):
 
-* greedy outputs token for token (``trials.run.compare_outputs``): ``fidelity_token_match``,
+* greedy outputs token for token (``trials.loop.compare_outputs``): ``fidelity_token_match``,
   ``first_divergence_token``. Brittle on small models, whose near-tied logits flip on tiny errors,
   and one early flip changes everything after it;
 * teacher-forced, which does not compound: each prompt's last ``max_new_tokens`` tokens (real text,
@@ -51,11 +51,12 @@ from dataclasses import dataclass
 import torch
 
 from trials import models
-from trials.config import ConfigError, Runtime, Stack, TrialConfig
+from trials.config import Runtime, Stack, TrialConfig
+from trials.errors import ConfigError
 from trials.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
+from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.prompts import Prompt
-from trials.run import (Measured, TrialResult, WorkerMemo, compare_outputs, finish, measure,
-                        trial_prompts)
+from trials.worker import WORKER
 
 BACKEND_PACKAGES = {"hqq": ("hqq", "hqq"), "quanto": ("optimum.quanto", "optimum-quanto")}
 REFERENCE_MAX_AGE_S = 30 * 60
@@ -218,9 +219,6 @@ class Reference:
     targets: list[torch.Tensor]
 
 
-_REFERENCES = WorkerMemo(max_age_s=REFERENCE_MAX_AGE_S, keep_latest=True)
-
-
 def _reference_config(config: TrialConfig) -> TrialConfig:
     return TrialConfig(group=config.group, model=config.model, device=config.device,
                        stack=Stack(precision=config.stack.precision), workload=config.workload,
@@ -240,6 +238,7 @@ def reference(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
     the full-precision stack, else the one this worker measured recently, else measured now (one
     pass; its timing is not used). Only the latest reference is kept, to bound memory."""
     plain = _reference_config(config)
+    memo = WORKER.memo("kv_cache.reference", max_age_s=REFERENCE_MAX_AGE_S, keep_latest=True)
 
     def make(measured: Measured | None = None) -> Reference:
         if measured is None:
@@ -247,8 +246,8 @@ def reference(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
         return Reference(measured.outputs(), *_teacher_forced(loaded, plain.stack, prompts, config))
 
     if measured is not None:
-        return _REFERENCES.put(plain.config_hash, config.config_hash, make(measured)), "this trial"
-    return _REFERENCES.get(plain.config_hash, config.config_hash, make)
+        return memo.put(plain.config_hash, config.config_hash, make(measured)), "this trial"
+    return memo.get(plain.config_hash, config.config_hash, make)
 
 
 # ------------------------------------------------------------------------------ the trial
@@ -272,9 +271,7 @@ def byte_metrics(footprint: KVFootprint, config: TrialConfig, loaded: models.Loa
 
 def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """The stack's cache and the full-precision one on the same prompts: bytes, speed, fidelity."""
-    stack = config.stack
-    if stack.speculation != "none":
-        raise ConfigError("the kv_cache group measures KV-cache precision alone; use speculation 'none'")
+    stack = config.stack                 # no speculation: the group's guard
     loaded = models.load(config.model, stack.precision, config.device)
     footprint = check_model(config, loaded.model.config)
     prompts = trial_prompts(config, loaded)

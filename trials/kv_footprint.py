@@ -48,6 +48,8 @@ import pathlib
 import sys
 from typing import Any
 
+from trials import zoo
+
 __all__ = ["CATALOGUE", "KVFootprint", "KVFootprintError", "LayerGroup", "kv_footprint", "load_config", "main"]
 
 
@@ -220,15 +222,11 @@ def load_config(spec: Any) -> tuple[str, dict[str, Any]]:
 
 
 def _is_zoo(name: str) -> bool:
-    from trials import zoo
-
     return name in zoo.RECIPES
 
 
 def _zoo_config(name: str) -> dict[str, Any]:
     """The built model's config.json; if not built, the same fields from its recipe (a Llama config)."""
-    from trials import zoo
-
     path = zoo.model_path(name) / "config.json"
     if path.is_file():
         return json.loads(path.read_text())

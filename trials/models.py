@@ -1,35 +1,35 @@
 """Load a model and its tokenizer under a precision, once per worker.
 
 A sweep runs many trials on the same model; loading it for each would dominate the measured time on
-small models and waste minutes on big ones. Loaded models are kept in a small per-process LRU keyed
-by (model, precision, device): Ray Tune reuses its worker processes (actors), so a worker loads
-each (model, precision) once. The LRU is short (``LLM_SWEEPS_MODEL_CACHE``, default 2) because a
-real 8B model in two precisions already fills a GPU; the sweep orders trials by model so that
-consecutive trials share what is cached.
+small models and waste minutes on big ones. Loaded models are kept in the worker's LRU
+(``trials.worker.WORKER.models``, keyed by (model, precision, device)): Ray Tune reuses its worker
+processes (actors), so a worker loads each (model, precision) once. The LRU is short
+(``LLM_SWEEPS_MODEL_CACHE``, default 2) because a real 8B model in two precisions already fills a
+GPU; the sweep orders trials by model so that consecutive trials share what is cached.
 
 Precision is where the device and dtype meet: bf16 on CPU runs (slowly on CPUs without native
 bf16), fp16 matmuls on CPU are not a sensible configuration, so that combination is refused with a
 reason rather than measured. Quantized weights (int8, nf4, gptq) load through
-``trials.quantization``, which says in one line which package is missing when one is.
+``trials.quantized_weights``, which says in one line which package is missing when one is.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-import os
 from dataclasses import dataclass, replace
 
 import torch
 
-from trials.config import ConfigError
+from trials import quantized_weights, zoo
+from trials.errors import ConfigError
+from trials.hardware import DTYPES
 from trials.registry import get_model
+from trials.worker import WORKER, model_cache_size
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Quantized weights (bitsandbytes int8 / NF4, GPTQ): loaded by trials.quantization.
+# Quantized weights (bitsandbytes int8 / NF4, GPTQ): loaded by trials.quantized_weights.
 QUANTIZED = ("int8", "nf4", "gptq")
 
 
@@ -44,26 +44,18 @@ class LoadedModel:
     from_cache: bool = False
 
 
-_CACHE: "OrderedDict[tuple[str, str, str], LoadedModel]" = OrderedDict()
-
-
-def _cache_size() -> int:
-    return max(1, int(os.environ.get("LLM_SWEEPS_MODEL_CACHE", "2")))
-
-
 def load(name: str, precision: str, device: str) -> LoadedModel:
     """The model ``name`` in ``precision`` on ``device``, from this worker's cache when possible."""
-    key = (name, precision, device)
-    if key in _CACHE:
-        _CACHE.move_to_end(key)
-        hit = _CACHE[key]
-        return replace(hit, from_cache=True)
-    while len(_CACHE) >= _cache_size():
-        _CACHE.popitem(last=False)
+    key, cache = (name, precision, device), WORKER.models
+    if key in cache:
+        cache.move_to_end(key)
+        return replace(cache[key], from_cache=True)
+    while len(cache) >= model_cache_size():
+        cache.popitem(last=False)
         if device == "cuda":
             torch.cuda.empty_cache()
     loaded = _load_uncached(name, precision, device)
-    _CACHE[key] = loaded
+    cache[key] = loaded
     return loaded
 
 
@@ -81,14 +73,10 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' requested but torch sees no CUDA device")
     if precision in QUANTIZED:
-        from trials import quantization
-
-        quantization.check_available(precision)
+        quantized_weights.check_available(precision)
     entry = get_model(name)
     path = entry.path()
     if entry.source == "zoo":
-        from trials import zoo
-
         if not zoo.is_built(entry.location):
             raise ConfigError(f"zoo model {name!r} is not built; run: python -m trials.zoo build")
     started = time.perf_counter()
@@ -97,7 +85,7 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if precision in QUANTIZED:
-        model = quantization.load_quantized(name, precision, device, tokenizer)
+        model = quantized_weights.load_quantized(name, precision, device, tokenizer)
     else:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[precision], trust_remote_code=entry.trust_remote_code
@@ -108,18 +96,10 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
     return LoadedModel(name, precision, device, model, tokenizer, load_s)
 
 
-_COPIES: dict[tuple[str, str, str], LoadedModel] = {}
-
-
 def load_copy(name: str, precision: str, device: str) -> LoadedModel:
     """A second, independent instance of a model (kept apart from the LRU), e.g. a self-draft."""
-    key = (name, precision, device)
-    if key not in _COPIES:
-        _COPIES.clear()
-        _COPIES[key] = _load_uncached(name, precision, device)
-    return _COPIES[key]
-
-
-def clear_cache() -> None:
-    _CACHE.clear()
-    _COPIES.clear()
+    key, copies = (name, precision, device), WORKER.copies
+    if key not in copies:
+        copies.clear()
+        copies[key] = _load_uncached(name, precision, device)
+    return copies[key]

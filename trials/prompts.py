@@ -44,6 +44,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from trials import corpus
+
 PROMPT_TYPES = ("code", "prose", "structured", "repetitive")
 
 MIN_PROMPT_CHARS = 150
@@ -587,8 +589,6 @@ def _exact_cut(text: str, n_tokens: int, count) -> int:
 @functools.lru_cache(maxsize=16)
 def _context_text(source: str, chars: int) -> str:
     """The first *chars* characters of a corpus source, documents joined (cycled if too short)."""
-    from trials import corpus
-
     budget = max(chars, 64_000)
     if source == "code":
         docs = corpus.code_documents(budget)

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from trials.config import ConfigError
+from trials import zoo
+from trials.corpus import PerplexityMethod
+from trials.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,6 @@ class ModelEntry:
     def path(self) -> str:
         """What to hand to ``from_pretrained``."""
         if self.source == "zoo":
-            from trials import zoo
-
             return str(zoo.model_path(self.location))
         return self.location
 
@@ -57,8 +57,6 @@ HUB_MODELS = (
 
 @cache
 def all_models() -> dict[str, ModelEntry]:
-    from trials import zoo
-
     entries = {}
     for name, recipe in zoo.RECIPES.items():
         entries[name] = ModelEntry(name, "zoo", name, recipe.role, default_draft=recipe.default_draft,
@@ -79,6 +77,32 @@ def get_model(name: str) -> ModelEntry:
 
 
 def zoo_targets(set_name: str = "full") -> list[str]:
-    from trials import zoo
-
     return [n for n in zoo.ZOO_SETS[set_name] if zoo.RECIPES[n].role == "target"]
+
+
+# Perplexity windows per method: ~1k scored tokens on the tiny set (tests), ~4k on the full set and
+# hub models.
+PERPLEXITY_WINDOWS = {"tiny": 16, "full": 32}
+HUB_CONTEXT = 512
+
+
+def perplexity_method(model: str, windows: int = 0) -> PerplexityMethod:
+    """How ``model`` is scored (``trials.perplexity``): its zoo set's evaluation window and held-out
+    split, else the full set's held-out text in windows of ``HUB_CONTEXT`` tokens.
+
+    ``windows`` (a workload's ``eval_windows``) overrides how many windows are scored, e.g. fewer
+    where the precision is emulated and every token costs ~20x; 0 keeps the set's default.
+    """
+    entry = get_model(model)
+    if entry.source == "zoo":
+        zoo_set = zoo.SETS[zoo.RECIPES[entry.location].zoo_set]
+        return PerplexityMethod(zoo_set.corpus, zoo_set.eval_seq_len, zoo_set.eval_seq_len // 2,
+                                windows or PERPLEXITY_WINDOWS[zoo_set.name], zoo_set.eval_source_weights)
+    full = zoo.SETS["full"]
+    return PerplexityMethod(full.corpus, HUB_CONTEXT, HUB_CONTEXT // 2, windows or PERPLEXITY_WINDOWS["full"],
+                            full.eval_source_weights)
+
+
+def reference_precision(model: str, device: str) -> str:
+    """The highest precision worth running: fp32 on CPU, the published dtype on CUDA."""
+    return "fp32" if device == "cpu" else get_model(model).dtype

@@ -1,17 +1,7 @@
-"""THE measurement loop: one trial, on its own, with no Ray and no MLflow.
+"""Run one trial on its own, with no Ray and no MLflow: dispatch to its group's runner, and the CLI.
 
-    load (cached per worker) -> warm up -> for each repeat, for each batch of prompts:
-        generate greedily a fixed number of tokens, stamping prefill (TTFT) and decode
-    -> medians and spread over repeats, peak memory, real weight and KV-cache bytes
-
-Every optimization changes only how the model is loaded (``models.load``) or which arguments
-``generate()`` gets (``generation_kwargs``); the timing, counting and memory code below is shared by
-all of them, so numbers of different optimizations are comparable. A chart group that needs more than
-the loop (a reference run to compare outputs with, acceptance counters, perplexity) has a runner in
-``GROUP_RUNNERS`` that composes the same pieces: ``models.load`` -> ``measure`` -> ``compare_outputs``
--> ``finish``. Generation is greedy with ``min_new_tokens`` equal to
-``max_new_tokens``: every configuration produces the same number of tokens, and outputs of two
-configurations can be compared token for token.
+The runner is the group's declaration in ``trials.groups``; every runner composes the one
+measurement loop of ``trials.loop``.
 
 Run it directly to check a trial on any machine that has torch and transformers:
 
@@ -24,302 +14,17 @@ The last line printed is the result as JSON.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import logging
 import random
-import statistics
 import sys
-import time
-import traceback
-from dataclasses import dataclass, field
 
 import torch
 
-from trials import models
-from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
-from trials.environment import environment_tags
-from trials.hardware import precision_is_native
-from trials.kv_footprint import KVFootprintError, kv_footprint
-from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
-                            track_peak_memory)
-from trials.prompts import Prompt, extend_to_tokens, workload_prompts
-
-log = logging.getLogger(__name__)
-
-WARMUP_TOKENS = 2
-
-
-@dataclass
-class TrialResult:
-    """What a trial produced. ``metrics`` names carry their unit (``_s``, ``_bytes``, ``tok_per_s``)."""
-
-    config: TrialConfig
-    status: str                                   # "FINISHED" | "FAILED"
-    metrics: dict[str, float] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
-    raw: dict = field(default_factory=dict)       # per-repeat numbers and generated texts
-    error: str = ""
-
-    def to_dict(self) -> dict:
-        return {"config": self.config.to_dict(), "config_hash": self.config.config_hash,
-                "status": self.status, "metrics": self.metrics, "tags": self.tags,
-                "error": self.error, "raw": self.raw}
-
-
-@dataclass
-class BatchRecord:
-    prompt_ids: list[str]
-    prompt_tokens: int          # longest prompt in the batch (rows are left-padded to it)
-    ttft_s: float
-    decode_s: float
-    new_tokens: int             # per row
-    decode_tokens: int          # per row, after the first
-    kv_cache_bytes: int
-    kv_cache_tokens: int
-    output_ids: list[list[int]]
-    texts: list[str]
-
-
-def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
-    return [prompts[i:i + size] for i in range(0, len(prompts), size)]
-
-
-def _generate(loaded: models.LoadedModel, batch: list[Prompt], new_tokens: int,
-              timer: TokenTimer, generate_kwargs: dict) -> BatchRecord:
-    tokenizer, model = loaded.tokenizer, loaded.model
-    inputs = tokenizer([p.text for p in batch], return_tensors="pt", padding=True).to(loaded.device)
-    timer.reset()
-    out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         do_sample=False, streamer=timer, return_dict_in_generate=True,
-                         pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
-    prompt_len = inputs["input_ids"].shape[1]
-    generated = out.sequences[:, prompt_len:]
-    cache = out.cache
-    return BatchRecord(
-        prompt_ids=[p.id for p in batch], prompt_tokens=prompt_len,
-        ttft_s=timer.ttft_s, decode_s=timer.decode_s,
-        new_tokens=generated.shape[1], decode_tokens=timer.decode_tokens,
-        kv_cache_bytes=kv_cache_bytes(cache), kv_cache_tokens=cache.get_seq_length(),
-        output_ids=generated.tolist(),
-        texts=tokenizer.batch_decode(generated, skip_special_tokens=True),
-    )
-
-
-def _spread(values: list[float], name: str) -> dict[str, float]:
-    return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
-
-
-def _kv_bytes_exact(model: torch.nn.Module, record: BatchRecord) -> tuple[int | None, str]:
-    """The architecture's KV bytes for the cache ``record`` ended with, or None and why not.
-
-    MLA is counted ``expanded``: that is what transformers' cache holds, and it is what we measure.
-    """
-    bits = torch.finfo(next(model.parameters()).dtype).bits
-    try:
-        footprint = kv_footprint(model.config, mla="expanded")
-        return footprint.total_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits), ""
-    except KVFootprintError as exc:
-        return None, str(exc)
-
-
-def _summarize(config: TrialConfig, loaded: models.LoadedModel,
-               repeats: list[list[BatchRecord]], added_peak_bytes: int) -> tuple[dict[str, float], dict[str, str]]:
-    """The trial's metrics, and tags that explain any predicted value it could not compute."""
-    batch_size = config.stack.batch_size
-    throughput = [sum(b.decode_tokens * len(b.prompt_ids) for b in rep) / sum(b.decode_s for b in rep)
-                  for rep in repeats]
-    records = [b for rep in repeats for b in rep]
-    weights = model_weights_bytes(loaded.model)
-    biggest = max(repeats[0], key=lambda b: b.kv_cache_tokens)
-    kv_exact, kv_exact_missing = _kv_bytes_exact(loaded.model, biggest)
-    metrics = {
-        **_spread(throughput, "tok_per_s"),
-        **_spread([b.ttft_s for b in records], "ttft_s"),
-        **_spread([b.decode_s / b.decode_tokens for b in records], "tpot_s"),
-        "per_stream_tok_per_s": statistics.median(throughput) / batch_size,
-        "weights_bytes": weights,
-        "num_parameters": sum(p.numel() for p in loaded.model.parameters()),
-        "peak_memory_bytes": weights + added_peak_bytes,
-        "kv_cache_bytes": biggest.kv_cache_bytes,
-        "kv_cache_tokens": biggest.kv_cache_tokens,
-        "prompt_tokens_mean": statistics.mean(b.prompt_tokens for b in repeats[0]),
-        "new_tokens_per_prompt": config.workload.max_new_tokens,
-        "num_prompts": sum(len(b.prompt_ids) for b in repeats[0]),
-    }
-    if kv_exact is None:
-        return metrics, {"kv_cache_bytes_exact_missing": kv_exact_missing}
-    return {**metrics, "kv_cache_bytes_exact": kv_exact}, {}
-
-
-@dataclass
-class Measured:
-    """What the loop recorded for one stack on one prompt list."""
-
-    repeats: list[list[BatchRecord]]    # repeats x batches
-    warmup_s: float
-    measured_s: float
-    peak: PeakMemory
-
-    def outputs(self) -> dict[str, list[int]]:
-        """prompt id -> generated token ids (first repeat; greedy, so every repeat is the same)."""
-        return {pid: ids for b in self.repeats[0] for pid, ids in zip(b.prompt_ids, b.output_ids)}
-
-
-def generation_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
-    """What the stack adds to ``generate()`` beyond greedy decoding: each optimization's own module
-    says how it changes generation; precision is handled when loading (``models.load``)."""
-    stack = config.stack
-    kwargs: dict = {}
-    if stack.kv_bits != 16:
-        from trials import kv_cache
-
-        kwargs.update(kv_cache.generate_kwargs(config, loaded))
-    if stack.speculation != "none":
-        from trials import speculative
-
-        kwargs.update(speculative.generate_kwargs(config, loaded))
-    return kwargs
-
-
-def measure(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt], *,
-            batch_size: int | None = None, repeats: int | None = None,
-            generate_kwargs: dict | None = None, probe=None) -> Measured:
-    """THE loop: warm up every batch shape, then ``repeats`` timed passes over all prompts.
-
-    ``probe`` is an optional context manager entered around the timed passes only (e.g. counters of
-    target and draft forward passes), so that warm-up never pollutes what it counts.
-    """
-    batches = _batches(prompts, batch_size or config.stack.batch_size)
-    kwargs = generation_kwargs(config, loaded) if generate_kwargs is None else generate_kwargs
-    timer = TokenTimer()
-    started = time.perf_counter()
-    with torch.inference_mode():
-        for batch in batches:  # every prompt shape once: lazy init and per-shape kernel choice
-            _generate(loaded, batch, WARMUP_TOKENS, timer, kwargs)
-        warmup_s = time.perf_counter() - started
-        with track_peak_memory(config.device) as peak, probe or contextlib.nullcontext():
-            records = [[_generate(loaded, b, config.workload.max_new_tokens, timer, kwargs)
-                        for b in batches] for _ in range(repeats or config.repeats)]
-    return Measured(records, warmup_s, time.perf_counter() - started, peak)
-
-
-def compare_outputs(outputs: dict[str, list[int]], reference: dict[str, list[int]]) -> dict[str, float]:
-    """Greedy outputs against a reference run of the same prompts, token for token.
-
-    ``fidelity_token_match``: share of generated tokens equal to the reference's at the same position.
-    ``first_divergence_token``: the earliest position (over prompts) where any output differs from
-    its reference, or the output length when none does; ``..._mean`` averages that per prompt.
-    ``lossless``: 1 when every output equals its reference exactly.
-    """
-    same = total = 0
-    divergences = []
-    for pid, ref in reference.items():
-        out = outputs[pid]
-        length = max(len(out), len(ref))
-        matches = [a == b for a, b in zip(out, ref)]
-        same += sum(matches)
-        total += length
-        divergences.append(matches.index(False) if False in matches else min(len(out), len(ref)))
-    return {"fidelity_token_match": same / total if total else 1.0,
-            "first_divergence_token": float(min(divergences)),
-            "first_divergence_token_mean": statistics.mean(divergences),
-            "lossless": float(all(outputs[pid] == ref for pid, ref in reference.items()))}
-
-
-def finish(config: TrialConfig, runtime: Runtime, loaded: models.LoadedModel, measured: Measured,
-           metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
-           raw: dict | None = None) -> TrialResult:
-    """The trial's result: the loop's summary plus what the group measured on top."""
-    summary, notes = _summarize(config, loaded, measured.repeats, measured.peak.added_bytes)
-    summary.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
-                   model_from_cache=float(loaded.from_cache), warmup_s=measured.warmup_s,
-                   measured_s=measured.measured_s, num_threads=float(torch.get_num_threads()))
-    summary.update(metrics or {})
-    all_tags = {**environment_tags(config.device,
-                                   runtime.git_sha if runtime.git_sha != "unknown" else None),
-                "memory_method": measured.peak.method, **_precision_tags(config), **notes, **(tags or {})}
-    all_raw = {
-        "repeats": [[{k: v for k, v in b.__dict__.items() if k not in ("output_ids", "texts")}
-                     for b in rep] for rep in measured.repeats],
-        "outputs": [{"prompt_id": pid, "text": text, "token_ids": ids}
-                    for b in measured.repeats[0]
-                    for pid, text, ids in zip(b.prompt_ids, b.texts, b.output_ids)],
-        **(raw or {}),
-    }
-    return TrialResult(config, "FINISHED", summary, all_tags, all_raw)
-
-
-def _precision_tags(config: TrialConfig) -> dict[str, str]:
-    """``precision_native`` False marks numbers taken in a precision this device only emulates
-    (bf16 on an AVX2-only CPU): they describe the CPU's emulation more than the optimization."""
-    return {"precision_native": str(precision_is_native(config.stack.precision, config.device))}
-
-
-def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Prompt]:
-    """The workload's prompts, in a fixed order (the same for every stack of a model); with
-    ``context_tokens`` each is extended to exactly that many tokens of the model's tokenizer."""
-    prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
-    if config.workload.context_tokens:
-        prompts = extend_to_tokens(prompts, loaded.tokenizer, config.workload.context_tokens)
-    return prompts
-
-
-class WorkerMemo:
-    """A measurement a worker makes once and reuses for its next trials (a group's reference run).
-
-    Keyed by what determines the measurement (e.g. the reference stack's ``config_hash``); ``get``
-    also says where the value came from, for the trial's ``*_source`` tag: ``"this trial"``, or
-    ``"reused: measured N s earlier in this worker (trial <hash>)"``. Entries older than
-    ``max_age_s`` are measured again (the machine's state drifts); ``keep_latest`` bounds memory
-    to one entry when values are large.
-    """
-
-    def __init__(self, max_age_s: float | None = None, keep_latest: bool = False) -> None:
-        self.max_age_s, self.keep_latest = max_age_s, keep_latest
-        self._entries: dict = {}          # key -> (value, config_hash of the measuring trial, time)
-
-    def get(self, key, measured_by: str, make):
-        """The value for ``key`` (``make()`` when missing or too old) and where it came from."""
-        entry = self._entries.get(key)
-        if entry is not None and (self.max_age_s is None or time.time() - entry[2] < self.max_age_s):
-            return entry[0], (f"reused: measured {time.time() - entry[2]:.0f} s earlier in this worker "
-                              f"(trial {entry[1]})")
-        return self.put(key, measured_by, make()), "this trial"
-
-    def put(self, key, measured_by: str, value):
-        """Remember ``value`` (measured by trial ``measured_by``) and return it."""
-        if self.keep_latest:
-            self._entries.clear()
-        self._entries[key] = (value, measured_by, time.time())
-        return value
-
-
-def run_plain(config: TrialConfig, runtime: Runtime) -> TrialResult:
-    """A trial with nothing to compare against: load, measure, summarize (the baseline group)."""
-    loaded = models.load(config.model, config.stack.precision, config.device)
-    prompts = trial_prompts(config, loaded)
-    return finish(config, runtime, loaded, measure(config, loaded, prompts))
-
-
-# group -> "module:function" running that group's trials; a group not listed runs ``run_plain``.
-# Each runner composes the pieces above (load, measure, compare_outputs, finish) and adds its own
-# measurements, so every group's numbers come from the same loop.
-GROUP_RUNNERS: dict[str, str] = {
-    "speculative": "trials.speculative:run_speculative",
-    "kv_cache": "trials.kv_cache:run_kv_cache",
-    "batching": "trials.batching:run_batching",
-    "quantization": "trials.quantization:run_quantization",
-}
-
-
-def _runner(group: str):
-    target = GROUP_RUNNERS.get(group)
-    if target is None:
-        return run_plain
-    module, function = target.split(":")
-    return getattr(importlib.import_module(module), function)
+from trials import groups
+from trials.config import Runtime, Stack, TrialConfig, Workload, parse_memory_budget
+from trials.errors import ConfigError
+from trials.loop import TrialResult
 
 
 def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
@@ -328,16 +33,7 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
         torch.set_num_threads(runtime.num_threads)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    return _runner(config.group)(config, runtime)
-
-
-def failed_result(config: TrialConfig, exc: BaseException) -> TrialResult:
-    """A FAILED result whose ``error`` is the one-line reason (type and message)."""
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if not isinstance(exc, ConfigError):
-        reason = f"{type(exc).__name__}: {reason}"
-    return TrialResult(config, "FAILED", tags={**environment_tags(config.device), **_precision_tags(config)},
-                       raw={"traceback": traceback.format_exception(exc)}, error=reason)
+    return groups.get(config.group).run(config, runtime)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="a TrialConfig as a JSON file or JSON string")
     parser.add_argument("--model", default="zoo-gqa")
-    parser.add_argument("--group", default="baseline")
+    parser.add_argument("--group", default="baseline", help=f"one of {', '.join(groups.implemented())}")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--prompt-set", default="mixed")
@@ -369,11 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                                  workload=Workload(args.prompt_set, args.prompts_per_type,
                                                    args.max_new_tokens),
                                  repeats=args.repeats)
-        budget = None
-        if args.memory_budget is not None:
-            from trials.batching import parse_memory_budget
-
-            budget = parse_memory_budget(args.memory_budget)
+        budget = None if args.memory_budget is None else parse_memory_budget(args.memory_budget)
         result = run_trial(config, Runtime(num_threads=args.threads, memory_budget_bytes=budget))
     except (ConfigError, json.JSONDecodeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,7 +9,8 @@ Leviathan et al. (2023) give, for k proposals per round with independent accepta
     expected tokens per target pass  E = (1 - α^(k+1)) / (1 - α)
     predicted speedup                S = E / (k·c + 1)
 
-Both are logged beside what was measured, from the α and c measured in the same trial. α here is
+(``trials.theory``). Both are logged beside what was measured, from the α and c measured in the
+same trial. α here is
 the per-token acceptance probability (``alpha``: accepted / (accepted + rounds ending in a
 rejection), its maximum-likelihood estimate), not ``acceptance_rate`` = accepted / proposed, which
 falls with k by construction because tokens after a rejection are proposed but never tested.
@@ -34,7 +35,7 @@ every round: how many tokens it proposed (``get_candidates``, timed: that is the
 how many the target accepted (``update_candidate_strategy`` receives ``n_matches``). One round = one
 target forward pass. A forward hook times the target's verification passes.
 
-The no-speculation baseline runs the same prompts through the same loop (``trials.run.measure``) in
+The no-speculation baseline runs the same prompts through the same loop (``trials.loop.measure``) in
 the same worker; it is measured once per worker for a given model and workload and reused by that
 worker's other speculative trials for up to ``BASELINE_MAX_AGE_S`` (the tag ``baseline_source`` says
 which trial measured it). Every greedy output must equal the baseline's token for token (``lossless``).
@@ -49,10 +50,12 @@ from dataclasses import dataclass, field
 import torch
 
 from trials import models
-from trials.config import ConfigError, Runtime, Stack, TrialConfig
+from trials.config import Runtime, Stack, TrialConfig
+from trials.errors import ConfigError
+from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.prompts import Prompt
-from trials.run import (Measured, TrialResult, WorkerMemo, compare_outputs, finish, measure,
-                        trial_prompts)
+from trials.theory import leviathan
+from trials.worker import WORKER
 
 BASELINE_MAX_AGE_S = 15 * 60
 
@@ -80,8 +83,10 @@ def load_draft(config: TrialConfig, target: models.LoadedModel) -> models.Loaded
 
 
 def generate_kwargs(config: TrialConfig, target: models.LoadedModel) -> dict:
-    """What ``generate()`` needs for the stack's speculation, with a constant k."""
+    """What ``generate()`` needs for the stack's speculation, with a constant k (nothing without)."""
     stack = config.stack
+    if stack.speculation == "none":
+        return {}
     if stack.speculation == "prompt_lookup":
         return {"prompt_lookup_num_tokens": stack.num_draft_tokens}
     draft = load_draft(config, target).model
@@ -166,17 +171,6 @@ class SpeculationProbe:
         generator.update_candidate_strategy = counted_update
 
 
-def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """E = (1 - α^(k+1)) / (1 - α): expected tokens per target pass for acceptance α, k proposals."""
-    return float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
-def leviathan(alpha: float, k: int, cost_ratio: float) -> tuple[float, float]:
-    """(expected tokens per target pass, predicted speedup E / (k·c + 1)) for α, k drafts, cost c."""
-    expected = expected_tokens_per_pass(alpha, k)
-    return expected, expected / (k * cost_ratio + 1)
-
-
 def speculation_metrics(probe: SpeculationProbe, prompts: list[Prompt], k: int, repeats: int,
                         target_step_s: float) -> dict[str, float]:
     """Acceptance, tokens per pass, token sources, cost ratio and the theory beside them."""
@@ -243,12 +237,9 @@ class _Baseline:
     step_s: float
 
 
-_BASELINES = WorkerMemo(max_age_s=BASELINE_MAX_AGE_S)
-
-
 def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt]) -> tuple[_Baseline, str]:
     """The no-speculation run of the same prompts in this worker (measured, or reused if recent)."""
-    plain = TrialConfig(group=config.group, model=config.model, device=config.device,
+    plain = TrialConfig(group="baseline", model=config.model, device=config.device,
                         stack=Stack(precision=config.stack.precision), workload=config.workload,
                         repeats=config.repeats, seed=config.seed)
 
@@ -259,16 +250,13 @@ def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
         steps = [b.decode_s / b.decode_tokens for rep in measured.repeats for b in rep]
         return _Baseline(measured, statistics.median(throughput), statistics.median(steps))
 
-    return _BASELINES.get(plain.config_hash, config.config_hash, make)
+    memo = WORKER.memo("speculative.baseline", max_age_s=BASELINE_MAX_AGE_S)
+    return memo.get(plain.config_hash, config.config_hash, make)
 
 
 def run_speculative(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """Baseline and speculative decoding of the same prompts, counted and compared token for token."""
-    stack = config.stack
-    if stack.speculation == "none":
-        raise ConfigError("the speculative group needs speculation 'draft' or 'prompt_lookup'")
-    if stack.batch_size != 1:
-        raise ConfigError("speculative decoding runs at batch_size 1 only")
+    stack = config.stack                 # speculation on, batch 1, full cache: the group's guard
     loaded = models.load(config.model, stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     baseline, source = _baseline(config, loaded, prompts)

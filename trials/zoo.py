@@ -435,22 +435,13 @@ def heldout_windows(set_name: str, ids: dict | None = None):
     return torch.stack(rows).long()
 
 
-def heldout_perplexity(model, windows, chunk: int = 8) -> float:
-    """exp(mean next-token NLL) over the windows, computed in the model's own dtype."""
-    import torch
-    import torch.nn.functional as F
+def heldout_perplexity(model, windows) -> float:
+    """exp(mean next-token NLL) over the windows, every target scored (``trials.perplexity``)."""
+    from trials.perplexity import score_windows      # torch: imported only by a build
 
-    total_nll, total_tokens = 0.0, 0
     model.eval()
-    with torch.inference_mode():
-        for i in range(0, len(windows), chunk):
-            batch = windows[i:i + chunk]
-            logits = model(input_ids=batch).logits.float()
-            nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1),
-                                  reduction="sum")
-            total_nll += float(nll)
-            total_tokens += batch[:, 1:].numel()
-    return math.exp(total_nll / total_tokens)
+    nll_sum, tokens = score_windows(model, windows)
+    return math.exp(nll_sum / tokens)
 
 
 def greedy_samples(model, tokenizer, prompts=CODE_PROMPTS, max_new_tokens=SAMPLE_NEW_TOKENS) -> dict[str, str]:

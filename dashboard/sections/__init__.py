@@ -1,16 +1,76 @@
-"""One module per chart group, in page order.
+"""One module per chart group, in page order; which modules is the groups' declaration
+(``trials.groups``, the ``section`` of each group), so a new group needs no line here.
 
-Each section module exposes ``GROUP`` (its MLflow experiment), ``TITLE``, ``BLURB`` (one sentence:
-the question it answers) and ``figures(frame) -> [(component id, plotly figure)]``, and may expose
-``caption(frame) -> str`` (what the numbers are). ``frame`` is ``tracking.runs_frame`` of the group;
-an empty list of figures means "nothing to show yet" and the app lays out the empty state. Adding a
-chart group = one module here plus its line in ``SECTIONS``. The app marks, in every section, the
-points of runs whose precision their CPU only emulated (``common.mark_emulated``, for any trace whose
-hover uses ``common.PROVENANCE_HOVER``) and adds the section's one-line ``common.emulation_note``.
+A section module follows ``Section`` (below): ``GROUP`` (its MLflow experiment, equal to its group's
+name), ``TITLE``, ``BLURB`` (one sentence: the question it answers) and
+``figures(frame) -> [(component id, plotly figure)]``; and it may define the optional hooks in
+``OPTIONAL_HOOKS``: ``caption(frame) -> str`` (what the numbers are), ``RUN_STATUS`` (which runs it
+charts; None: all, with a ``status`` column), ``deep_dive(frame, model)`` with ``DEEP_DIVE_TITLE`` and
+``deep_dive_models(frame)`` (per-model charts under a selector). ``frame`` is ``tracking.runs_frame``
+of the group; an empty list of figures means "nothing to show yet" and the app lays out the empty
+state. ``check_section`` enforces the protocol when the page is built: a missing or mistyped
+attribute, or a public name one typo away from a hook (``captions``, ``deepdive``), is an error
+instead of a hook that silently never runs. The app marks, in every section, the points of runs
+whose precision their CPU only emulated (``common.mark_emulated``, for any trace whose hover uses
+``common.PROVENANCE_HOVER``) and adds the section's one-line ``common.emulation_note``.
 """
 
-from dashboard.sections import baseline, batching, kv_cache, quantization, speculative, stacks
+from __future__ import annotations
 
-SECTIONS = (baseline, speculative, kv_cache, batching, quantization, stacks)
+import difflib
+import importlib
+from types import ModuleType
+from typing import Callable, Protocol, runtime_checkable
 
-__all__ = ["SECTIONS"]
+from trials import groups
+
+
+@runtime_checkable
+class Section(Protocol):
+    GROUP: str
+    TITLE: str
+    BLURB: str
+
+    def figures(self, frame) -> list: ...
+
+
+REQUIRED = {"GROUP": str, "TITLE": str, "BLURB": str, "figures": Callable}
+OPTIONAL_HOOKS = {"caption": Callable, "RUN_STATUS": (str, type(None)), "deep_dive": Callable,
+                  "DEEP_DIVE_TITLE": str, "deep_dive_models": Callable}
+HOOKS = {**REQUIRED, **OPTIONAL_HOOKS}
+
+
+class SectionError(TypeError):
+    """A section module that does not follow the protocol."""
+
+
+def _is(value, kind) -> bool:
+    return callable(value) if kind is Callable else isinstance(value, kind)
+
+
+def check_section(module: ModuleType, group: str) -> ModuleType:
+    """``module`` if it is a valid section of ``group``; else ``SectionError`` naming the problem."""
+    name = module.__name__
+    for attr, kind in REQUIRED.items():
+        if not hasattr(module, attr):
+            raise SectionError(f"{name} has no {attr}")
+    for attr, kind in HOOKS.items():
+        if hasattr(module, attr) and not _is(getattr(module, attr), kind):
+            raise SectionError(f"{name}.{attr} has the wrong type ({type(getattr(module, attr)).__name__})")
+    if module.GROUP != group:
+        raise SectionError(f"{name}.GROUP is {module.GROUP!r}, but the group declaring it is {group!r}")
+    if hasattr(module, "deep_dive") != hasattr(module, "deep_dive_models") and hasattr(module, "deep_dive_models"):
+        raise SectionError(f"{name} defines deep_dive_models but no deep_dive")
+    public = {a for a in vars(module) if not a.startswith("_") and a not in HOOKS}
+    for attr in public:
+        near = difflib.get_close_matches(attr, HOOKS, n=1, cutoff=0.8)
+        if near and getattr(module, attr).__class__.__module__ != "typing":
+            raise SectionError(f"{name}.{attr} looks like a misspelt hook {near[0]!r}; rename one of them")
+    assert isinstance(module, Section)
+    return module
+
+
+SECTIONS: tuple[ModuleType, ...] = tuple(check_section(importlib.import_module(g.section), g.name)
+                                         for g in groups.GROUPS)
+
+__all__ = ["SECTIONS", "Section", "check_section"]

@@ -30,6 +30,8 @@ from plotly.subplots import make_subplots
 
 from dashboard.sections.common import (MB, PROVENANCE_HOVER, count_range, device_names, has, latest,
                                        points, provenance)
+from trials import zoo
+from trials.kv_footprint import CATALOGUE, KVFootprintError, kv_footprint
 
 GROUP = "kv_cache"
 TITLE = "KV-cache quantization — does it actually help?"
@@ -277,9 +279,6 @@ def deep_dive(frame: pd.DataFrame, model: str) -> list[tuple[str, go.Figure]]:
 
 def catalogue_models(frame: pd.DataFrame) -> list[tuple[str, object, str]]:
     """(name, footprint, where its config came from): the catalogue, then the measured zoo models."""
-    from trials import zoo
-    from trials.kv_footprint import CATALOGUE, KVFootprintError, kv_footprint
-
     out = [(name, kv_footprint(name), f"transcribed config of {spec['hub_id']}")
            for name, spec in CATALOGUE.items()]
     measured = frame["model"].dropna().unique() if has(frame, "model") else []

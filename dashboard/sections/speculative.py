@@ -34,7 +34,7 @@ from plotly.subplots import make_subplots
 
 from dashboard.sections.common import (PROVENANCE_HOVER, device_names, has, latest, provenance,
                                        spread_error_bars)
-from trials.speculative import expected_tokens_per_pass
+from trials.theory import expected_tokens_per_pass
 
 GROUP = "speculative"
 TITLE = "Speculative decoding — across models"

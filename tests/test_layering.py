@@ -1,0 +1,106 @@
+"""The code's layering: no import cycle, torch-free modules stay torch-free, every pointer resolves.
+
+The import graph is read from the source (``ast``), function-local imports included, so a cycle
+hidden inside a function body fails here as surely as one at module level. The whole graph must be
+acyclic; importing every module in a fresh interpreter, in dependency order (leaves first), then
+proves each imports on its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("trials", "sweeps", "tracking", "dashboard")
+# Modules a process without torch imports (the dashboard, the sweep's planning): they and everything
+# they import must not import torch, transformers or the measurement loop.
+TORCH_FREE = ("trials.groups", "trials.theory", "trials.config", "trials.registry", "trials.kv_footprint",
+              "trials.errors", "dashboard.app", "tracking.store")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> dict[str, list[tuple[str, int, bool]]]:
+    """Project modules imported by ``path``: name -> [(imported, line, inside a function)]."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            local = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, in_function) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                for alias in child.names:
+                    sub = f"{child.module}.{alias.name}"
+                    found.append((sub if sub in modules else child.module, child.lineno, in_function))
+            visit(child, local)
+
+    visit(tree, False)
+    return [(name, line, local) for name, line, local in found if name in modules]
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: {imported for imported, _, _ in imports_of(path, modules) if imported != name}
+            for name, path in modules.items()}
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    try:
+        order = list(TopologicalSorter(graph).static_order())
+    except CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+    assert set(order) == set(graph)
+
+
+def test_every_module_imports_on_its_own_in_dependency_order():
+    """A fresh interpreter imports every module, leaves first: none needs another to be imported before it."""
+    order = [m for m in TopologicalSorter(import_graph()).static_order()
+             if m not in ("sweeps.full", "dashboard.app")]          # scripts: they parse argv on import
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    out = subprocess.run([sys.executable, "-c", code, *order], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_loop_and_lower_modules_import_no_technique():
+    """Techniques import the loop; nothing below the techniques imports one."""
+    graph = import_graph()
+    techniques = {pointer.split(":")[0] for g in __import__("trials.groups").groups.GROUPS
+                  for pointer in (g.runner, g.generate_hook) if pointer}
+    below = ("trials.loop", "trials.models", "trials.measure", "trials.config", "trials.registry",
+             "trials.quantized_weights", "trials.perplexity", "trials.worker", "trials.zoo")
+
+    def reach(module: str, seen: set[str]) -> set[str]:
+        for dep in graph.get(module, ()):
+            if dep not in seen:
+                seen.add(dep)
+                reach(dep, seen)
+        return seen
+
+    for module in below:
+        assert not reach(module, set()) & techniques, f"{module} reaches a technique"
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_torch_free_modules_stay_torch_free(module):
+    code = (f"import sys, {module}\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'trials.loop', 'trials.models') if m in sys.modules)\n"
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"

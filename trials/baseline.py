@@ -1,0 +1,18 @@
+"""The baseline group: a model at a weight precision with nothing else switched on.
+
+Nothing to compare against and nothing added to ``generate()``: load, measure, summarize. Every
+other group's trials are read against these numbers on the dashboard.
+"""
+
+from __future__ import annotations
+
+from trials import models
+from trials.config import Runtime, TrialConfig
+from trials.loop import TrialResult, finish, measure, trial_prompts
+
+
+def run_baseline(config: TrialConfig, runtime: Runtime) -> TrialResult:
+    """Load, measure, summarize (the group's guard keeps KV quantization and speculation out)."""
+    loaded = models.load(config.model, config.stack.precision, config.device)
+    prompts = trial_prompts(config, loaded)
+    return finish(config, runtime, loaded, measure(config, loaded, prompts, generate_kwargs={}))

@@ -1,0 +1,249 @@
+"""THE measurement loop: what every technique composes, and nothing technique-specific.
+
+    load (``trials.models.load``, cached per worker) -> warm up -> for each repeat, for each batch
+    of prompts: generate greedily a fixed number of tokens, stamping prefill (TTFT) and decode
+    -> medians and spread over repeats, peak memory, real weight and KV-cache bytes
+
+Every optimization changes only how the model is loaded (``trials.models.load``) or which arguments
+``generate()`` gets (its technique's generate hook, handed to ``measure`` as ``generate_kwargs``);
+the timing, counting and memory code below is shared by all of them, so numbers of different
+optimizations are comparable. A technique's runner (``trials.groups``) composes the same pieces:
+``models.load`` -> ``measure`` -> ``compare_outputs`` -> ``finish``, and adds its own measurements.
+Generation is greedy with ``min_new_tokens`` equal to ``max_new_tokens``: every configuration
+produces the same number of tokens, and outputs of two configurations can be compared token for
+token.
+
+This module imports no technique: techniques import it (``trials.groups`` checks the layering).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from trials import models
+from trials.config import Runtime, TrialConfig
+from trials.environment import environment_tags
+from trials.errors import ConfigError
+from trials.hardware import precision_is_native
+from trials.kv_footprint import KVFootprintError, kv_footprint
+from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
+                            track_peak_memory)
+from trials.prompts import Prompt, extend_to_tokens, workload_prompts
+
+WARMUP_TOKENS = 2
+
+
+@dataclass
+class TrialResult:
+    """What a trial produced. ``metrics`` names carry their unit (``_s``, ``_bytes``, ``tok_per_s``)."""
+
+    config: TrialConfig
+    status: str                                   # "FINISHED" | "FAILED"
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)       # per-repeat numbers and generated texts
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), "config_hash": self.config.config_hash,
+                "status": self.status, "metrics": self.metrics, "tags": self.tags,
+                "error": self.error, "raw": self.raw}
+
+
+@dataclass
+class BatchRecord:
+    prompt_ids: list[str]
+    prompt_tokens: int          # longest prompt in the batch (rows are left-padded to it)
+    ttft_s: float
+    decode_s: float
+    new_tokens: int             # per row
+    decode_tokens: int          # per row, after the first
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    output_ids: list[list[int]]
+    texts: list[str]
+
+
+def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    return [prompts[i:i + size] for i in range(0, len(prompts), size)]
+
+
+def _generate(loaded: models.LoadedModel, batch: list[Prompt], new_tokens: int,
+              timer: TokenTimer, generate_kwargs: dict) -> BatchRecord:
+    tokenizer, model = loaded.tokenizer, loaded.model
+    inputs = tokenizer([p.text for p in batch], return_tensors="pt", padding=True).to(loaded.device)
+    timer.reset()
+    out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, streamer=timer, return_dict_in_generate=True,
+                         pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
+    prompt_len = inputs["input_ids"].shape[1]
+    generated = out.sequences[:, prompt_len:]
+    cache = out.cache
+    return BatchRecord(
+        prompt_ids=[p.id for p in batch], prompt_tokens=prompt_len,
+        ttft_s=timer.ttft_s, decode_s=timer.decode_s,
+        new_tokens=generated.shape[1], decode_tokens=timer.decode_tokens,
+        kv_cache_bytes=kv_cache_bytes(cache), kv_cache_tokens=cache.get_seq_length(),
+        output_ids=generated.tolist(),
+        texts=tokenizer.batch_decode(generated, skip_special_tokens=True),
+    )
+
+
+def _spread(values: list[float], name: str) -> dict[str, float]:
+    return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
+
+
+def _kv_bytes_exact(model: torch.nn.Module, record: BatchRecord) -> tuple[int | None, str]:
+    """The architecture's KV bytes for the cache ``record`` ended with, or None and why not.
+
+    MLA is counted ``expanded``: that is what transformers' cache holds, and it is what we measure.
+    """
+    bits = torch.finfo(next(model.parameters()).dtype).bits
+    try:
+        footprint = kv_footprint(model.config, mla="expanded")
+        return footprint.total_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits), ""
+    except KVFootprintError as exc:
+        return None, str(exc)
+
+
+def _summarize(config: TrialConfig, loaded: models.LoadedModel,
+               repeats: list[list[BatchRecord]], added_peak_bytes: int) -> tuple[dict[str, float], dict[str, str]]:
+    """The trial's metrics, and tags that explain any predicted value it could not compute."""
+    batch_size = config.stack.batch_size
+    throughput = [sum(b.decode_tokens * len(b.prompt_ids) for b in rep) / sum(b.decode_s for b in rep)
+                  for rep in repeats]
+    records = [b for rep in repeats for b in rep]
+    weights = model_weights_bytes(loaded.model)
+    biggest = max(repeats[0], key=lambda b: b.kv_cache_tokens)
+    kv_exact, kv_exact_missing = _kv_bytes_exact(loaded.model, biggest)
+    metrics = {
+        **_spread(throughput, "tok_per_s"),
+        **_spread([b.ttft_s for b in records], "ttft_s"),
+        **_spread([b.decode_s / b.decode_tokens for b in records], "tpot_s"),
+        "per_stream_tok_per_s": statistics.median(throughput) / batch_size,
+        "weights_bytes": weights,
+        "num_parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "peak_memory_bytes": weights + added_peak_bytes,
+        "kv_cache_bytes": biggest.kv_cache_bytes,
+        "kv_cache_tokens": biggest.kv_cache_tokens,
+        "prompt_tokens_mean": statistics.mean(b.prompt_tokens for b in repeats[0]),
+        "new_tokens_per_prompt": config.workload.max_new_tokens,
+        "num_prompts": sum(len(b.prompt_ids) for b in repeats[0]),
+    }
+    if kv_exact is None:
+        return metrics, {"kv_cache_bytes_exact_missing": kv_exact_missing}
+    return {**metrics, "kv_cache_bytes_exact": kv_exact}, {}
+
+
+@dataclass
+class Measured:
+    """What the loop recorded for one stack on one prompt list."""
+
+    repeats: list[list[BatchRecord]]    # repeats x batches
+    warmup_s: float
+    measured_s: float
+    peak: PeakMemory
+
+    def outputs(self) -> dict[str, list[int]]:
+        """prompt id -> generated token ids (first repeat; greedy, so every repeat is the same)."""
+        return {pid: ids for b in self.repeats[0] for pid, ids in zip(b.prompt_ids, b.output_ids)}
+
+
+def measure(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt], *,
+            generate_kwargs: dict, batch_size: int | None = None, repeats: int | None = None,
+            probe=None) -> Measured:
+    """THE loop: warm up every batch shape, then ``repeats`` timed passes over all prompts.
+
+    ``generate_kwargs`` is what the stack adds to greedy ``generate()`` (``{}`` for none): the
+    caller's technique builds it (its generate hook), so the loop never needs to know techniques.
+
+    ``probe`` is an optional context manager entered around the timed passes only (e.g. counters of
+    target and draft forward passes), so that warm-up never pollutes what it counts.
+    """
+    batches = _batches(prompts, batch_size or config.stack.batch_size)
+    timer = TokenTimer()
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for batch in batches:  # every prompt shape once: lazy init and per-shape kernel choice
+            _generate(loaded, batch, WARMUP_TOKENS, timer, generate_kwargs)
+        warmup_s = time.perf_counter() - started
+        with track_peak_memory(config.device) as peak, probe or contextlib.nullcontext():
+            records = [[_generate(loaded, b, config.workload.max_new_tokens, timer, generate_kwargs)
+                        for b in batches] for _ in range(repeats or config.repeats)]
+    return Measured(records, warmup_s, time.perf_counter() - started, peak)
+
+
+def compare_outputs(outputs: dict[str, list[int]], reference: dict[str, list[int]]) -> dict[str, float]:
+    """Greedy outputs against a reference run of the same prompts, token for token.
+
+    ``fidelity_token_match``: share of generated tokens equal to the reference's at the same position.
+    ``first_divergence_token``: the earliest position (over prompts) where any output differs from
+    its reference, or the output length when none does; ``..._mean`` averages that per prompt.
+    ``lossless``: 1 when every output equals its reference exactly.
+    """
+    same = total = 0
+    divergences = []
+    for pid, ref in reference.items():
+        out = outputs[pid]
+        length = max(len(out), len(ref))
+        matches = [a == b for a, b in zip(out, ref)]
+        same += sum(matches)
+        total += length
+        divergences.append(matches.index(False) if False in matches else min(len(out), len(ref)))
+    return {"fidelity_token_match": same / total if total else 1.0,
+            "first_divergence_token": float(min(divergences)),
+            "first_divergence_token_mean": statistics.mean(divergences),
+            "lossless": float(all(outputs[pid] == ref for pid, ref in reference.items()))}
+
+
+def finish(config: TrialConfig, runtime: Runtime, loaded: models.LoadedModel, measured: Measured,
+           metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+           raw: dict | None = None) -> TrialResult:
+    """The trial's result: the loop's summary plus what the group measured on top."""
+    summary, notes = _summarize(config, loaded, measured.repeats, measured.peak.added_bytes)
+    summary.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
+                   model_from_cache=float(loaded.from_cache), warmup_s=measured.warmup_s,
+                   measured_s=measured.measured_s, num_threads=float(torch.get_num_threads()))
+    summary.update(metrics or {})
+    all_tags = {**environment_tags(config.device,
+                                   runtime.git_sha if runtime.git_sha != "unknown" else None),
+                "memory_method": measured.peak.method, **_precision_tags(config), **notes, **(tags or {})}
+    all_raw = {
+        "repeats": [[{k: v for k, v in b.__dict__.items() if k not in ("output_ids", "texts")}
+                     for b in rep] for rep in measured.repeats],
+        "outputs": [{"prompt_id": pid, "text": text, "token_ids": ids}
+                    for b in measured.repeats[0]
+                    for pid, text, ids in zip(b.prompt_ids, b.texts, b.output_ids)],
+        **(raw or {}),
+    }
+    return TrialResult(config, "FINISHED", summary, all_tags, all_raw)
+
+
+def _precision_tags(config: TrialConfig) -> dict[str, str]:
+    """``precision_native`` False marks numbers taken in a precision this device only emulates
+    (bf16 on an AVX2-only CPU): they describe the CPU's emulation more than the optimization."""
+    return {"precision_native": str(precision_is_native(config.stack.precision, config.device))}
+
+
+def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Prompt]:
+    """The workload's prompts, in a fixed order (the same for every stack of a model); with
+    ``context_tokens`` each is extended to exactly that many tokens of the model's tokenizer."""
+    prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
+    if config.workload.context_tokens:
+        prompts = extend_to_tokens(prompts, loaded.tokenizer, config.workload.context_tokens)
+    return prompts
+
+
+def failed_result(config: TrialConfig, exc: BaseException) -> TrialResult:
+    """A FAILED result whose ``error`` is the one-line reason (type and message)."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not isinstance(exc, ConfigError):
+        reason = f"{type(exc).__name__}: {reason}"
+    return TrialResult(config, "FAILED", tags={**environment_tags(config.device), **_precision_tags(config)},
+                       raw={"traceback": traceback.format_exception(exc)}, error=reason)
