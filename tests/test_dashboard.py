@@ -62,8 +62,8 @@ def _assert_hover_says_where_the_number_came_from(driver, uri: str) -> None:
     assert any(h in text for h in frame["tags.config_hash"]), text
 
 
-def _assert_empty_states(driver, groups) -> None:
-    for group in groups:
+def _assert_empty_states(driver, names) -> None:
+    for group in names:
         text = _text(driver, f"{group}-empty")
         assert f"python sweeps/full.py --groups {group}" in text
         assert ("not implemented yet" in text) == (not groups.get(group).implemented), text
