@@ -1,7 +1,9 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures: the tiny zoo, one quick sweep for the whole session, servers, a browser."""
 
 import contextlib
+import dataclasses
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -10,6 +12,24 @@ from pathlib import Path
 
 import pytest
 import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "sweeps" / "full.py"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers from what a test uses: ``browser`` (headless Chromium), ``sweep`` (the session's quick
+    sweep); ``cuda`` tests are skipped where torch sees no CUDA device. ``pytest -m "not sweep and not
+    browser"`` is the quick inner loop; ``make test`` runs everything."""
+    import torch
+
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        for marker in ("browser", "quick_sweep"):
+            if marker in getattr(item, "fixturenames", ()):
+                item.add_marker(marker.removeprefix("quick_"))
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +43,81 @@ def tiny_zoo():
 
     zoo.build("tiny")
     return zoo.zoo_dir()
+
+
+def run_sweep(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    """``python sweeps/full.py ARGS`` as a user runs it, from the repository root."""
+    return subprocess.run([sys.executable, str(SWEEP), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuickSweep:
+    """One real sweep (Ray Tune, sqlite MLflow store) shared by the sweep and technique tests."""
+    uri: str
+    args: tuple[str, ...]
+    env: dict
+    done: subprocess.CompletedProcess
+    memory_budget: int
+    folder: Path
+
+    def log(self) -> str:
+        """The sweep's output tail, for assertion messages."""
+        return self.done.stdout[-3000:] + self.done.stderr[-3000:]
+
+    def counts(self, group: str) -> tuple[int, int, int]:
+        """(finished, failed, skipped) of one group, from the summary the sweep printed."""
+        match = re.search(rf"^  {group} +finished +(\d+) +failed +(\d+) +skipped +(\d+)$",
+                          self.done.stdout, re.M)
+        assert match, (group, self.log())
+        return tuple(int(n) for n in match.groups())
+
+
+QUICK_SWEEP_GROUPS = ("baseline", "speculative", "batching", "quantization")
+QUICK_SWEEP_MODELS = ("tiny-mha", "tiny-gqa")
+
+
+def _between_batch_2_and_4(model: str) -> int:
+    """A memory budget over batch 2's predicted peak and under batch 4's at any workload the
+    quick profile may shrink to: 1.5 x batch 2's peak at the profile as written."""
+    from sweeps.spaces import PROFILES
+    from trials import models
+    from trials.batching import equal_length_prompts, predict_peak
+    from trials.config import Stack, TrialConfig
+    from trials.loop import trial_prompts
+
+    loaded = models.load(model, "fp32", "cpu")
+    config = TrialConfig(group="batching", model=model, stack=Stack(batch_size=1),
+                         workload=PROFILES["quick"].workload())
+    _, length = equal_length_prompts(trial_prompts(config, loaded), loaded.tokenizer)
+    budget = int(1.5 * predict_peak(loaded, 2, length, config.workload.max_new_tokens).total_bytes)
+    assert budget < predict_peak(loaded, 4, length, 8).total_bytes, "the tiny zoo changed: resize"
+    return budget
+
+
+@pytest.fixture(scope="session")
+def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
+    """``sweeps/full.py`` once for the session: the baseline, speculative, batching and quantization
+    groups over tiny-mha and tiny-gqa, 2 workers, a 10-second budget (below any estimate, so always the
+    smallest workloads the budget allows; a fresh calibration cache), and
+    a memory budget between batch 2's and batch 4's predicted peak on tiny-gqa. The kv_cache group
+    is not in it: its quick contexts are sized for the full zoo (tests/test_kv_cache.py logs its
+    own trials)."""
+    from sweeps import budget
+    from trials import quantized_weights
+
+    folder = tmp_path_factory.mktemp("quick-sweep")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    env = {**os.environ, budget.CACHE_ENV_VAR: str(folder / "calibration.json"),
+           quantized_weights.QUANTIZED_DIR_ENV: str(folder / "quantized")}
+    memory_budget = _between_batch_2_and_4("tiny-gqa")
+    args = ("--groups", ",".join(QUICK_SWEEP_GROUPS), "--models", ",".join(QUICK_SWEEP_MODELS),
+            "--workers", "2", "--budget", "10s", "--memory-budget", str(memory_budget),
+            "--tracking-uri", uri)
+    done = run_sweep(*args, env=env)
+    sweep = QuickSweep(uri, args, env, done, memory_budget, folder)
+    assert done.returncode == 0, sweep.log()
+    return sweep
 
 
 @contextlib.contextmanager

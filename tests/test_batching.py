@@ -8,10 +8,6 @@ budget must become a FAILED run whose reason starts with ``oom`` while the sweep
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 import tracking
@@ -25,7 +21,6 @@ from trials.loop import compare_outputs, measure, trial_prompts
 from trials.run import run_trial
 from trials.worker import WORKER
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = Workload("mixed", 1, 8)          # 4 prompts (one per type), 8 new tokens
 
 
@@ -41,7 +36,7 @@ def _kv_bytes_by_hand(model: str, tokens: int, rows: int) -> int:
     return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4 * tokens * rows
 
 
-def test_runner_matches_batch1_and_kv_grows_with_the_batch_cpu(tiny_zoo):
+def test_runner_matches_batch1_and_kv_grows_with_the_batch(tiny_zoo):
     WORKER.reset()                          # as a fresh worker: batch 1 measures what the others reuse
     results = {b: run_trial(_config("tiny-gqa", b)) for b in (1, 2, 4, 8)}
     prompt_tokens = results[1].metrics["prompt_tokens"]
@@ -73,7 +68,7 @@ def test_runner_matches_batch1_and_kv_grows_with_the_batch_cpu(tiny_zoo):
 
 
 @pytest.mark.parametrize("model", ["tiny-gqa", "tiny-mha"])
-def test_left_padding_gives_batch1_outputs_when_lengths_differ_cpu(tiny_zoo, model):
+def test_left_padding_gives_batch1_outputs_when_lengths_differ(tiny_zoo, model):
     """The prompts as written (not cut): a batch of 4 is left-padded to its longest prompt."""
     config = _config(model, 4)
     loaded = models.load(model, "fp32", "cpu")
@@ -86,7 +81,7 @@ def test_left_padding_gives_batch1_outputs_when_lengths_differ_cpu(tiny_zoo, mod
     assert compare_outputs(batched.outputs(), alone.outputs())["lossless"] == 1.0
 
 
-def test_prompts_are_cut_to_one_length_and_rows_fill_every_batch_cpu(tiny_zoo):
+def test_prompts_are_cut_to_one_length_and_rows_fill_every_batch(tiny_zoo):
     tokenizer = models.load("tiny-gqa", "fp32", "cpu").tokenizer
     original = workload_prompts("mixed", None)
     cut, length = equal_length_prompts(original, tokenizer)
@@ -101,7 +96,7 @@ def test_prompts_are_cut_to_one_length_and_rows_fill_every_batch_cpu(tiny_zoo):
                    for i, r in enumerate(rows))
 
 
-def test_prompts_are_cut_right_when_the_tokenizer_adds_a_bos_token_cpu(tiny_zoo):
+def test_prompts_are_cut_right_when_the_tokenizer_adds_a_bos_token(tiny_zoo):
     import copy
 
     from tokenizers.processors import TemplateProcessing
@@ -118,17 +113,17 @@ def test_prompts_are_cut_right_when_the_tokenizer_adds_a_bos_token_cpu(tiny_zoo)
 
 @pytest.mark.parametrize("text, value", [("1073741824", 2**30), ("2GiB", 2 * 2**30), ("512MiB", 2**29),
                                          ("1.5GB", 1_500_000_000), (" 64 kib ", 65536)])
-def test_memory_budget_sizes_cpu(text, value):
+def test_memory_budget_sizes(text, value):
     assert parse_memory_budget(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "2XB", "-1GiB", "lots", "0", "GiB"])
-def test_bad_memory_budget_is_a_config_error_cpu(text):
+def test_bad_memory_budget_is_a_config_error(text):
     with pytest.raises(ConfigError, match="memory budget"):
         parse_memory_budget(text)
 
 
-def test_budget_smaller_than_the_model_is_an_oom_failed_run_cpu(tiny_zoo):
+def test_budget_smaller_than_the_model_is_an_oom_failed_run(tiny_zoo):
     weights = model_weights_bytes(models.load("tiny-gqa", "fp32", "cpu").model)
     result = run_trial(_config("tiny-gqa", 2), Runtime(memory_budget_bytes=weights // 2))
     assert result.status == "FAILED" and result.error.startswith("oom: predicted peak")
@@ -137,53 +132,40 @@ def test_budget_smaller_than_the_model_is_an_oom_failed_run_cpu(tiny_zoo):
     assert "tok_per_s" not in result.metrics
 
 
-def _sweep(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), *args],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+def test_sweep_records_the_memory_boundary_and_goes_on(quick_sweep):
+    """The session's sweep ran the quick ladder under a memory budget between tiny-gqa's batch-2 and
+    batch-4 predicted peaks: what fits finishes (a prefix of the ladder), the rest are oom FAILED runs
+    holding their prediction, and the sweep went on to the next model and group."""
+    from sweeps.spaces import BATCH_LADDERS
 
-
-def test_sweep_records_the_memory_boundary_and_goes_on_cpu(tiny_zoo, tmp_path):
-    """Budget between batch 2's and batch 4's predicted peak: 1 and 2 finish, 4 and up are oom."""
-    from sweeps.spaces import BATCH_LADDERS, PROFILES
-
-    config = _config("tiny-gqa", 1, PROFILES["quick"].workload())
-    loaded = models.load("tiny-gqa", "fp32", "cpu")
-    _, length = equal_length_prompts(trial_prompts(config, loaded), loaded.tokenizer)
-    new = config.workload.max_new_tokens
-    below, above = (predict_peak(loaded, b, length, new).total_bytes for b in (2, 4))
-    budget = int(1.5 * below)
-    assert budget < above
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    done = _sweep("--groups", "batching", "--models", "tiny-gqa", "--profile", "quick",
-                  "--workers", "1", "--tracking-uri", uri, "--memory-budget", str(budget),
-                  "--budget", "none")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ladder = BATCH_LADDERS["quick"]
-    assert f"2 finished, {len(ladder) - 2} failed" in done.stdout, done.stdout[-3000:]
-    frame = tracking.runs_frame(uri, "batching", status=None).set_index("batch_size")
-    assert sorted(frame.index) == list(ladder)
-    for batch in ladder:
-        row = frame.loc[batch]
-        assert row["memory_budget_bytes"] == budget
-        if batch <= 2:
-            assert row["status"] == "FINISHED" and row["outputs_match_batch1"] == 1
-            assert row["peak_memory_bytes"] <= budget
-        else:
-            assert row["status"] == "FAILED" and row["tags.error"].startswith("oom: predicted peak")
+    budget, ladder = quick_sweep.memory_budget, BATCH_LADDERS["quick"]
+    frame = tracking.runs_frame(quick_sweep.uri, "batching", status=None)
+    assert quick_sweep.counts("batching") == ((frame["status"] == "FINISHED").sum(),
+                                              (frame["status"] == "FAILED").sum(), 0)
+    for model, part in frame.groupby("model"):
+        part = part.set_index("batch_size").sort_index()
+        assert list(part.index) == list(ladder)
+        assert (part["memory_budget_bytes"] == budget).all()
+        fits = part["status"] == "FINISHED"
+        assert fits.iloc[0] and not fits.iloc[-1] and fits.is_monotonic_decreasing, (model, part["status"])
+        for _, row in part[fits].iterrows():
+            assert row["outputs_match_batch1"] == 1 and row["peak_memory_bytes"] <= budget
+            assert row["predicted_peak_memory_bytes"] <= budget
+        for _, row in part[~fits].iterrows():
+            assert row["tags.error"].startswith("oom: predicted peak")
             assert row["predicted_peak_memory_bytes"] > budget
+    tiny_gqa = frame[frame["model"] == "tiny-gqa"].set_index("batch_size")["status"]
+    assert sorted(tiny_gqa[tiny_gqa == "FINISHED"].index) == [1, 2]     # where the budget was put
 
 
-@pytest.mark.parametrize("command", [
-    [str(ROOT / "sweeps" / "full.py"), "--groups", "batching", "--memory-budget", "2XB"],
-    ["-m", "trials.run", "--group", "batching", "--memory-budget", "lots"],
-])
-def test_bad_memory_budget_on_the_command_line_is_one_line_and_exit_2_cpu(command, tmp_path):
-    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "memory budget" in lines[0], done.stderr
-    assert done.stdout == ""
+def test_bad_memory_budget_for_one_trial_is_one_line_and_exit_2(capsys):
+    from trials.run import main
+
+    assert main(["--group", "batching", "--memory-budget", "lots"]) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and "memory budget" in lines[0], out.err
+    assert out.out == ""
 
 
 # ------------------------------------------------------------------------------------ the charts
@@ -211,7 +193,7 @@ def _store_values(uri: str, column: str) -> dict[str, dict[float, float]]:
     return {model: dict(zip(part["batch_size"], part[column])) for model, part in frame.groupby("model")}
 
 
-def test_batching_charts_render_with_roofline_and_boundary_cpu(batching_store, browser, tmp_path):
+def test_batching_charts_render_with_roofline_and_boundary(batching_store, browser, tmp_path):
     from ui import figure, serve, text
 
     with serve(batching_store, tmp_path) as url:

@@ -28,24 +28,24 @@ def _costs(configs, decode_s=0.01, emulated_factor=20.0):
 
 @pytest.mark.parametrize("text,seconds", [("30m", 1800), ("90s", 90), ("1.5h", 5400), ("45", 2700),
                                           ("none", None), ("0", None)])
-def test_parse_budget_cpu(text, seconds):
+def test_parse_budget(text, seconds):
     assert budget.parse_budget(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["soon", "-5m", "m"])
-def test_parse_budget_rejects_bad_input_cpu(text):
+def test_parse_budget_rejects_bad_input(text):
     with pytest.raises(ValueError, match="budget"):
         budget.parse_budget(text)
 
 
-def test_generous_budget_keeps_the_profile_as_written_cpu():
+def test_generous_budget_keeps_the_profile_as_written():
     configs = _plan()
     fitted = budget.fit(configs, _costs(configs), budget_s=10 ** 7, workers=2, emulated_cap_s=10 ** 7)
     assert fitted.level == 0 and not any(e[1] for e in fitted.emulated)
     assert [c.config_hash for c in fitted.configs] == [c.config_hash for c in configs]
 
 
-def test_tight_budget_shrinks_workloads_never_the_set_of_trials_cpu():
+def test_tight_budget_shrinks_workloads_never_the_set_of_trials():
     configs = _plan()
     costs = _costs(configs)
     unscaled = budget.estimate_seconds(configs, costs)
@@ -63,7 +63,7 @@ def test_tight_budget_shrinks_workloads_never_the_set_of_trials_cpu():
         assert min(before.repeats, budget.MIN_REPEATS) <= after.repeats <= before.repeats
 
 
-def test_estimate_falls_with_every_level_cpu():
+def test_estimate_falls_with_every_level():
     configs = _plan()
     costs = _costs(configs)
     estimates = [budget.estimate_seconds([budget.shrink(c, level) for c in configs], costs)
@@ -72,7 +72,7 @@ def test_estimate_falls_with_every_level_cpu():
     assert estimates[-1] < estimates[0] / 4
 
 
-def test_emulated_precision_trials_shrink_to_their_cap_cpu():
+def test_emulated_precision_trials_shrink_to_their_cap():
     configs = _plan()
     costs = _costs(configs, emulated_factor=50.0)
     emulated = [c for c in configs if not precision_is_native(c.stack.precision, "cpu")]
@@ -86,7 +86,7 @@ def test_emulated_precision_trials_shrink_to_their_cap_cpu():
     assert all(seconds <= cap + 1e-9 for _, _, seconds in fitted.emulated)
 
 
-def test_quantization_trials_shrink_their_perplexity_windows_too_cpu():
+def test_quantization_trials_shrink_their_perplexity_windows_too():
     from trials.quantization import perplexity_method
 
     config = next(c for c in _plan() if c.group == "quantization")
@@ -96,7 +96,7 @@ def test_quantization_trials_shrink_their_perplexity_windows_too_cpu():
     assert perplexity_method(config.model, shrunk.workload.eval_windows).windows == shrunk.workload.eval_windows
 
 
-def test_calibration_measures_real_models_and_caches_per_machine_cpu(tiny_zoo, tmp_path, monkeypatch):
+def test_calibration_measures_real_models_and_caches_per_machine(tiny_zoo, tmp_path, monkeypatch):
     monkeypatch.setenv(budget.CACHE_ENV_VAR, str(tmp_path / "calibration.json"))
     pairs = {("tiny-gqa", "fp32"), ("tiny-draft", "fp32")}
     first = budget.calibrate(pairs, "cpu", threads=1)

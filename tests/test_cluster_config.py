@@ -8,7 +8,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config  # inte
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_cluster_yaml_is_valid_cpu():
+def test_cluster_yaml_is_valid():
     config = prepare_config(yaml.safe_load((ROOT / "cluster.yaml").read_text()))
     validate_config(config)
     assert config["head_node_type"] in config["available_node_types"]

@@ -35,9 +35,9 @@ def server(tmp_path):
         yield url
 
 
-def test_sweep_on_a_two_node_cluster_logs_to_a_server_cpu(tiny_zoo, two_node_cluster, server, tmp_path):
+def test_sweep_on_a_two_node_cluster_logs_to_a_server(tiny_zoo, two_node_cluster, server, tmp_path):
     sweep = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--address", two_node_cluster.address,
-             "--groups", "baseline", "--models", "tiny-gqa,tiny-mha", "--budget", "none"]
+             "--groups", "baseline", "--models", "tiny-gqa", "--budget", "none"]
     local_file = subprocess.run([*sweep, "--tracking-uri", f"sqlite:///{tmp_path}/local.db"],
                                 capture_output=True, text=True, timeout=300)
     assert local_file.returncode == 2 and "needs a tracking server" in local_file.stderr
@@ -45,9 +45,9 @@ def test_sweep_on_a_two_node_cluster_logs_to_a_server_cpu(tiny_zoo, two_node_clu
     out = subprocess.run([*sweep, "--tracking-uri", server], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "4 finished, 0 failed, 0 skipped" in out.stdout
+    assert "2 finished, 0 failed, 0 skipped" in out.stdout
     frame = tracking.runs_frame(server, "baseline")
-    assert len(frame) == 4 and (frame["tok_per_s"] > 0).all()
+    assert len(frame) == 2 and (frame["tok_per_s"] > 0).all()
     assert frame["tags.ray.node_id"].nunique() == 2, "both nodes should have run trials"
     raw = tracking.read_trial_artifact(server, frame["run_id"].iloc[0])
     assert raw["raw"]["outputs"], "artifacts travel through the server"

@@ -87,7 +87,7 @@ def baseline_store(tmp_path, tiny_zoo) -> str:
 
 
 @needs_browser
-def test_baseline_chart_plots_the_store_and_reloads_cpu(baseline_store, browser, tmp_path):
+def test_baseline_chart_plots_the_store_and_reloads(baseline_store, browser, tmp_path):
     with serve(baseline_store, tmp_path) as url:
         browser.get(url)
         assert "inference optimizations" in browser.title
@@ -121,7 +121,7 @@ def _same(plotted: dict, expected: dict, strict: bool = True) -> bool:
 
 
 @needs_browser
-def test_empty_store_shows_every_empty_state_cpu(browser, tmp_path):
+def test_empty_store_shows_every_empty_state(browser, tmp_path):
     uri = tracking.resolve_uri(f"sqlite:///{tmp_path}/mlflow.db")
     tracking.prepare_store(uri)
     with serve(uri, tmp_path) as url:
@@ -130,7 +130,7 @@ def test_empty_store_shows_every_empty_state_cpu(browser, tmp_path):
         assert not browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")
 
 
-def test_unreachable_store_is_one_line_and_exit_2_cpu(tmp_path):
+def test_unreachable_store_is_one_line_and_exit_2(tmp_path):
     done = subprocess.run([sys.executable, str(APP), "--tracking-uri", "sqlite:////nonexistent/dir/x.db"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
@@ -139,7 +139,7 @@ def test_unreachable_store_is_one_line_and_exit_2_cpu(tmp_path):
     assert done.stdout == ""
 
 
-def test_every_section_has_the_interface_and_an_empty_state_cpu():
+def test_every_section_has_the_interface_and_an_empty_state():
     import pandas as pd
 
     assert [s.GROUP for s in SECTIONS] == list(GROUPS)
@@ -194,7 +194,7 @@ def store(tmp_path) -> str:
     return uri
 
 
-def test_emulated_bars_are_hatched_faded_and_named_on_hover_cpu(store):
+def test_emulated_bars_are_hatched_faded_and_named_on_hover(store):
     _logged(store, "baseline", "tiny-gqa", "fp32", "True", tok_per_s=100.0)
     _logged(store, "baseline", "tiny-gqa", "bf16", "False", tok_per_s=3.0)
     _logged(store, "baseline", "tiny-mha", "bf16", None, tok_per_s=50.0)      # an old run: no tags
@@ -220,7 +220,7 @@ def test_emulated_bars_are_hatched_faded_and_named_on_hover_cpu(store):
     assert note.startswith("bf16 on AMD EPYC 7B13 (AVX2) is emulated (~42x slower matmuls than fp32)")
 
 
-def test_emulated_points_are_crossed_and_faded_cpu(store):
+def test_emulated_points_are_crossed_and_faded(store):
     for batch in (1, 2):
         _logged(store, "batching", "tiny-gqa", "fp32", "True", batch=batch)
         _logged(store, "batching", "tiny-gqa", "bf16", "False", batch=batch, tok_per_s=4.0)
@@ -232,7 +232,7 @@ def test_emulated_points_are_crossed_and_faded_cpu(store):
     assert native.marker.symbol is None and native.marker.opacity is None
 
 
-def test_runs_without_hardware_tags_render_unmarked_cpu(store):
+def test_runs_without_hardware_tags_render_unmarked(store):
     _logged(store, "baseline", "tiny-gqa", "bf16", None)
     rendered = _render(store, "baseline")
     assert _find(rendered, "baseline-emulated") is None

@@ -14,7 +14,7 @@ from trials.environment import environment_tags
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_cpu_profile_is_measured_and_consistent_cpu():
+def test_cpu_profile_is_measured_and_consistent():
     p = hardware.cpu_profile()
     assert p.model and p.capability
     assert p.bf16_matmul_ratio > 0 and p.fp16_matmul_ratio > 0
@@ -25,12 +25,12 @@ def test_cpu_profile_is_measured_and_consistent_cpu():
 
 
 @pytest.mark.parametrize("ratio,native", [(0.4, True), (1.9, True), (2.1, False), (42.0, False)])
-def test_native_means_within_the_threshold_of_fp32_cpu(ratio, native):
+def test_native_means_within_the_threshold_of_fp32(ratio, native):
     p = hardware.CpuProfile("cpu", "AVX2", False, False, ratio, ratio)
     assert p.bf16_native is native and p.fp16_native is native
 
 
-def test_environment_tags_say_what_the_numbers_depend_on_cpu():
+def test_environment_tags_say_what_the_numbers_depend_on():
     tags = environment_tags("cpu", sha="abc")
     p = hardware.cpu_profile()
     assert tags["env.cpu_model"] == p.model == tags["env.device_name"]
@@ -39,7 +39,7 @@ def test_environment_tags_say_what_the_numbers_depend_on_cpu():
     assert float(tags["env.bf16_matmul_ratio"]) == pytest.approx(p.bf16_matmul_ratio)
 
 
-def test_avx2_can_be_reproduced_through_the_environment_cpu():
+def test_avx2_can_be_reproduced_through_the_environment():
     """ATEN_CPU_CAPABILITY=avx2 + ONEDNN_MAX_CPU_ISA=AVX2 make torch report (and act as) AVX2."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     out = subprocess.run([sys.executable, "-m", "trials.hardware"], cwd=ROOT, env=env,

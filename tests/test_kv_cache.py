@@ -42,7 +42,7 @@ def _trial(model: str, bits: int = 16, backend: str = "none", context: int = 160
 # ------------------------------------------------------------------------------ bytes
 
 @pytest.mark.parametrize("model", ["tiny-gqa", "tiny-mha"])
-def test_full_precision_bytes_equal_the_formula_to_the_byte_cpu(tiny_zoo, model):
+def test_full_precision_bytes_equal_the_formula_to_the_byte(tiny_zoo, model):
     result = run_trial(_trial(model, context=160))         # longer than the 128-token residual window
     m = result.metrics
     assert m["kv_cache_tokens"] == 160 + 12 - 1
@@ -53,7 +53,7 @@ def test_full_precision_bytes_equal_the_formula_to_the_byte_cpu(tiny_zoo, model)
 
 
 @pytest.mark.parametrize("model,precision", [("tiny-gqa", "fp32"), ("tiny-mha", "bf16")])
-def test_expected_bytes_equal_the_walked_cache_for_every_backend_cpu(tiny_zoo, model, precision):
+def test_expected_bytes_equal_the_walked_cache_for_every_backend(tiny_zoo, model, precision):
     loaded = models.load(model, precision, "cpu")
     footprint = kv_footprint(loaded.model.config)
     dtype_bits = torch.finfo(loaded.model.dtype).bits
@@ -84,7 +84,7 @@ def test_expected_bytes_equal_the_walked_cache_for_every_backend_cpu(tiny_zoo, m
     assert checked == len(QUANTIZED) * len(shapes) and padded >= 1
 
 
-def test_hqq_4bit_trial_within_2_percent_of_expected_with_fidelity_metrics_cpu(tiny_zoo):
+def test_hqq_4bit_trial_within_2_percent_of_expected_with_fidelity_metrics(tiny_zoo):
     # 40 new tokens through a 16-token residual window: the cache is re-quantized twice.
     result = run_trial(_trial("tiny-mha", 4, "hqq", context=200, new_tokens=40, residual=16))
     m = result.metrics
@@ -103,14 +103,14 @@ def test_hqq_4bit_trial_within_2_percent_of_expected_with_fidelity_metrics_cpu(t
     assert "hqq 4-bit" in result.tags["kv_cache_method"]
 
 
-def test_full_precision_trial_is_its_own_reference_cpu(tiny_zoo):
+def test_full_precision_trial_is_its_own_reference(tiny_zoo):
     m = run_trial(_trial("tiny-gqa", context=96)).metrics
     assert m["fidelity_token_match"] == 1.0 and m["lossless"] == 1.0
     assert m["kl_divergence"] == 0.0 and m["perplexity_delta"] == 0.0
     assert m["teacher_forced_top1_match"] == 1.0
 
 
-def test_two_bits_cost_more_fidelity_than_eight_cpu(tiny_zoo):
+def test_two_bits_cost_more_fidelity_than_eight(tiny_zoo):
     """Teacher-forced KL must order the precisions; a quantizer that did nothing would fail this."""
     kl = {bits: run_trial(_trial("tiny-mha", bits, "hqq", context=128)).metrics["kl_divergence"]
           for bits in (8, 2)}
@@ -119,14 +119,14 @@ def test_two_bits_cost_more_fidelity_than_eight_cpu(tiny_zoo):
 
 # ------------------------------------------------------------------------------ bad input
 
-def test_quanto_8bit_is_a_one_line_config_error_cpu(tiny_zoo):
+def test_quanto_8bit_is_a_one_line_config_error(tiny_zoo):
     with pytest.raises(ConfigError) as error:
         _trial("tiny-gqa", 8, "quanto")
     message = str(error.value)
     assert "\n" not in message and "quanto" in message and "4, 2" in message
 
 
-def test_missing_backend_package_fails_the_run_with_the_install_line_cpu(tiny_zoo, monkeypatch):
+def test_missing_backend_package_fails_the_run_with_the_install_line(tiny_zoo, monkeypatch):
     monkeypatch.setitem(sys.modules, "optimum.quanto", None)     # as on a worker without it
     with pytest.raises(ConfigError, match="pip install optimum-quanto"):
         require_backend("quanto")
@@ -149,7 +149,7 @@ def _gpt2_folder(path):
     return str(path)
 
 
-def test_unknown_architecture_fails_the_run_with_the_reason_cpu(tiny_zoo, tmp_path):
+def test_unknown_architecture_fails_the_run_with_the_reason(tiny_zoo, tmp_path):
     config = TrialConfig(group="kv_cache", model=_gpt2_folder(tmp_path / "gpt2"),
                          stack=Stack(precision="fp32", kv_bits=4, kv_backend="hqq"),
                          workload=Workload("prose", 1, 4, context_tokens=32), repeats=1)
@@ -160,7 +160,7 @@ def test_unknown_architecture_fails_the_run_with_the_reason_cpu(tiny_zoo, tmp_pa
     assert "gpt2" in result.error and "cannot model" in result.error
 
 
-def test_sliding_windows_and_ragged_groups_are_refused_cpu(tiny_zoo):
+def test_sliding_windows_and_ragged_groups_are_refused(tiny_zoo):
     sliding = {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 64,
                "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 16}
     with pytest.raises(ConfigError, match="full-attention layers only"):
@@ -174,7 +174,7 @@ def test_sliding_windows_and_ragged_groups_are_refused_cpu(tiny_zoo):
 # ------------------------------------------------------------------------------ prompts and space
 
 @pytest.mark.parametrize("n_tokens", [7, 96, 700])
-def test_context_prompts_have_exactly_n_tokens_cpu(tiny_zoo, n_tokens):
+def test_context_prompts_have_exactly_n_tokens(tiny_zoo, n_tokens):
     tokenizer = models.load("tiny-gqa", "fp32", "cpu").tokenizer
     prompts = workload_prompts("mixed", 2)
     extended = extend_to_tokens(prompts, tokenizer, n_tokens)
@@ -188,7 +188,7 @@ def test_context_prompts_have_exactly_n_tokens_cpu(tiny_zoo, n_tokens):
     assert extend_to_tokens(prompts, tokenizer, n_tokens) == extended
 
 
-def test_quick_space_plans_every_precision_per_context_in_reference_order_cpu():
+def test_quick_space_plans_every_precision_per_context_in_reference_order():
     configs = kv_cache_space(zoo_targets("full"), PROFILES["quick"], "cpu")
     assert {c.model for c in configs} == set(zoo_targets("full"))
     for model in zoo_targets("full"):
@@ -227,7 +227,7 @@ def _mb(values) -> list[float]:
     return [float(v) / 1024 / 1024 for v in values]
 
 
-def test_five_charts_render_in_chromium_cpu(kv_store, browser, tmp_path):
+def test_five_charts_render_in_chromium(kv_store, browser, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     import ui

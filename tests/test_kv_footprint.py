@@ -44,7 +44,7 @@ HAND = {
 }
 
 
-def test_catalogue_is_large_and_cites_hub_ids_cpu():
+def test_catalogue_is_large_and_cites_hub_ids():
     assert len(CATALOGUE) >= 10
     assert set(HAND) == set(CATALOGUE)
     for name, facts in CATALOGUE.items():
@@ -52,7 +52,7 @@ def test_catalogue_is_large_and_cites_hub_ids_cpu():
 
 
 @pytest.mark.parametrize("name", sorted(HAND))
-def test_catalogue_matches_hand_computed_values_cpu(name):
+def test_catalogue_matches_hand_computed_values(name):
     per_token, total = HAND[name]
     fp = kv_footprint(name)
     assert isinstance(fp, KVFootprint)
@@ -62,13 +62,13 @@ def test_catalogue_matches_hand_computed_values_cpu(name):
     assert sum(fp.breakdown(CTX).values()) == total
 
 
-def test_named_values_cpu():
+def test_named_values():
     assert kv_footprint("llama-3.1-8b").bytes_per_token_uncapped() == 131072
     assert kv_footprint("deepseek-v3").bytes_per_token_uncapped() == 70272
     assert kv_footprint("gemma-2-9b").bytes_per_token_uncapped() == 344064
 
 
-def test_sliding_window_caps_at_window_cpu():
+def test_sliding_window_caps_at_window():
     mistral = kv_footprint("mistral-7b-v0.1")
     per = 2 * 32 * 8 * 128 * 2
     assert mistral.total_bytes(1000) == per * 1000          # under the window: linear
@@ -85,7 +85,7 @@ def test_sliding_window_caps_at_window_cpu():
     assert [g.kind for g in gemma.groups] == ["sliding", "full"]  # layer 0 is sliding
 
 
-def test_qwen2_use_sliding_window_respected_cpu():
+def test_qwen2_use_sliding_window_respected():
     facts = dict(CATALOGUE["qwen2.5-7b"], use_sliding_window=True, sliding_window=4096, max_window_layers=14)
     fp = kv_footprint(facts)
     layer = 2 * 4 * 128 * 2
@@ -93,7 +93,7 @@ def test_qwen2_use_sliding_window_respected_cpu():
     assert any("ignored" in n for n in kv_footprint("qwen2.5-7b").notes)
 
 
-def test_layer_types_interleaved_and_unknown_cpu():
+def test_layer_types_interleaved_and_unknown():
     cfg = dict(model_type="gemma3_text", num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1,
                head_dim=32, hidden_size=64, sliding_window=512)
     # default pattern 6: layers 0-4 sliding, layer 5 global
@@ -106,7 +106,7 @@ def test_layer_types_interleaved_and_unknown_cpu():
         kv_footprint(dict(cfg, layer_types=["full_attention"] * 2))
 
 
-def test_mla_latent_vs_expanded_cpu():
+def test_mla_latent_vs_expanded():
     latent = kv_footprint("deepseek-v3")
     assert [(g.kind, g.layers, g.elements_per_token) for g in latent.groups] == [("mla", 61, 512 + 64)]
     assert any("expanded" in n for n in latent.notes)
@@ -117,7 +117,7 @@ def test_mla_latent_vs_expanded_cpu():
     assert latent.bytes_per_token_uncapped() != 2 * 61 * 128 * 56 * 2
 
 
-def test_hybrid_linear_layers_hold_no_kv_cpu():
+def test_hybrid_linear_layers_hold_no_kv():
     fp = kv_footprint("qwen3-next-80b-a3b")
     kinds = {g.kind: g.layers for g in fp.groups}
     assert kinds == {"none": 36, "full": 12}
@@ -128,7 +128,7 @@ def test_hybrid_linear_layers_hold_no_kv_cpu():
     assert kv_footprint(lt).bytes_per_token_uncapped() == 2 * 2 * 2 * 16 * 2
 
 
-def test_bits_scale_payload_cpu():
+def test_bits_scale_payload():
     fp = kv_footprint("llama-3.1-8b")
     b16 = fp.total_bytes(CTX, batch=4, bits=16)
     assert b16 == 4 * 131072 * CTX
@@ -140,7 +140,7 @@ def test_bits_scale_payload_cpu():
         fp.total_bytes(CTX, 1, 3)
 
 
-def test_unknown_model_type_and_missing_fields_raise_cpu():
+def test_unknown_model_type_and_missing_fields_raise():
     with pytest.raises(KVFootprintError, match="rwkv"):
         kv_footprint({"model_type": "rwkv", "num_hidden_layers": 2})
     with pytest.raises(ValueError, match="num_attention_heads"):
@@ -149,7 +149,7 @@ def test_unknown_model_type_and_missing_fields_raise_cpu():
         kv_footprint("no-such-model")
 
 
-def test_transformers_config_objects_agree_with_dicts_cpu():
+def test_transformers_config_objects_agree_with_dicts():
     from transformers import Gemma2Config, MistralConfig, Qwen2Config
 
     for cls, name in [(Gemma2Config, "gemma-2-9b"), (Qwen2Config, "qwen2.5-7b"),
@@ -158,7 +158,7 @@ def test_transformers_config_objects_agree_with_dicts_cpu():
         assert kv_footprint(cls(**facts)).total_bytes(CTX) == HAND[name][1], name
 
 
-def test_zoo_matches_the_formula_and_a_real_cache_cpu(tiny_zoo):
+def test_zoo_matches_the_formula_and_a_real_cache(tiny_zoo):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     for name in ("tiny-mha", "tiny-gqa", "tiny-draft"):
@@ -184,7 +184,7 @@ def test_zoo_matches_the_formula_and_a_real_cache_cpu(tiny_zoo):
     assert real == measure.kv_cache_bytes(out.past_key_values)
 
 
-def test_sliding_window_against_transformers_cache_cpu():
+def test_sliding_window_against_transformers_cache():
     """A tiny random Mistral: under the window the real cache equals the calculator; past it transformers keeps
     window - 1 tokens between steps (documented), one token per layer less than the attended window."""
     from transformers import MistralConfig, MistralForCausalLM
@@ -214,7 +214,7 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_cli_json_catalogue_name_cpu():
+def test_cli_json_catalogue_name():
     r = _cli("llama-3.1-8b", "--context", "32768", "--batch", "2", "--bits", "8", "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
@@ -222,7 +222,7 @@ def test_cli_json_catalogue_name_cpu():
     assert report["total_bytes"] == 2 * 32 * 8 * 128 * 1 * 32768 * 2
 
 
-def test_cli_text_and_config_path_cpu(tmp_path):
+def test_cli_text_and_config_path(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({k: v for k, v in CATALOGUE["gemma-2-9b"].items() if k != "hub_id"}))
     r = _cli(str(path), "--context", "32768")
@@ -231,7 +231,7 @@ def test_cli_text_and_config_path_cpu(tmp_path):
     assert main([str(tmp_path), "--context", "100", "--json"]) == 0  # a folder holding config.json
 
 
-def test_cli_zoo_name_cpu(tiny_zoo, capsys):
+def test_cli_zoo_name(tiny_zoo, capsys):
     assert main(["tiny-gqa", "--context", "128", "--batch", "8", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["bytes_per_token"] == 256
@@ -239,7 +239,7 @@ def test_cli_zoo_name_cpu(tiny_zoo, capsys):
 
 
 @pytest.mark.parametrize("args", [["no-such-model"], ["{path}"]])
-def test_cli_bad_input_exits_2_with_one_line_cpu(tmp_path, args):
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, args):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "rwkv", "num_hidden_layers": 24}))
     r = _cli(*[a.format(path=path) for a in args])

@@ -37,7 +37,7 @@ def _mean(xs):
     return sum(xs) / len(xs)
 
 
-def test_prompt_types_and_sets_cpu():
+def test_prompt_types_and_sets():
     assert PROMPT_TYPES == ("code", "prose", "structured", "repetitive")
     assert set(PROMPT_SETS) == {"mixed", *PROMPT_TYPES}
     assert tuple(PROMPT_SETS["mixed"]) == PROMPT_TYPES
@@ -45,13 +45,13 @@ def test_prompt_types_and_sets_cpu():
         assert tuple(PROMPT_SETS[t]) == (t,)
 
 
-def test_at_least_ten_prompts_per_type_cpu():
+def test_at_least_ten_prompts_per_type():
     assert set(PROMPTS) == set(PROMPT_TYPES)
     for t in PROMPT_TYPES:
         assert len(PROMPTS[t]) >= 10, t
 
 
-def test_ids_unique_and_well_formed_cpu():
+def test_ids_unique_and_well_formed():
     ids = [p.id for p in ALL]
     assert len(ids) == len(set(ids))
     for t in PROMPT_TYPES:
@@ -60,18 +60,18 @@ def test_ids_unique_and_well_formed_cpu():
             assert p.id == f"{t}-{i:02d}"
 
 
-def test_texts_unique_cpu():
+def test_texts_unique():
     texts = [p.text for p in ALL]
     assert len(texts) == len(set(texts))
 
 
-def test_lengths_within_range_cpu():
+def test_lengths_within_range():
     assert (MIN_PROMPT_CHARS, MAX_PROMPT_CHARS) == (150, 600)
     for p in ALL:
         assert 150 <= len(p.text) <= 600, (p.id, len(p.text))
 
 
-def test_prompt_is_frozen_dataclass_cpu():
+def test_prompt_is_frozen_dataclass():
     p = PROMPTS["code"][0]
     assert isinstance(p, Prompt)
     assert [f.name for f in dataclasses.fields(Prompt)] == ["id", "type", "text"]
@@ -79,7 +79,7 @@ def test_prompt_is_frozen_dataclass_cpu():
         p.text = "x"  # type: ignore[misc]
 
 
-def test_code_prompts_end_mid_body_and_differ_cpu():
+def test_code_prompts_end_mid_body_and_differ():
     for p in PROMPTS["code"]:
         assert p.text.lstrip().startswith(("def ", "class ")), p.id
         last_lines = p.text.rstrip().splitlines()
@@ -92,21 +92,21 @@ def test_code_prompts_end_mid_body_and_differ_cpu():
         assert difflib.SequenceMatcher(None, a.text, b.text).ratio() < 0.5, (a.id, b.id)
 
 
-def test_prose_prompts_end_mid_sentence_cpu():
+def test_prose_prompts_end_mid_sentence():
     for p in PROMPTS["prose"]:
         assert p.text[-1].isalpha(), p.id
         assert not p.text.rstrip().endswith((".", "!", "?")), p.id
         assert p.text.count(". ") >= 1, p.id  # a paragraph, not a single fragment
 
 
-def test_structured_prompts_have_several_records_cpu():
+def test_structured_prompts_have_several_records():
     for p in PROMPTS["structured"]:
         lines = [ln for ln in p.text.splitlines() if ln.strip()]
         assert len(lines) >= 5, p.id
         assert not p.text.endswith("\n"), p.id  # ends mid-record
 
 
-def test_repetitive_prompts_are_copy_heavy_cpu():
+def test_repetitive_prompts_are_copy_heavy():
     shares = {p.id: _tail_4gram_copy_share(p.text) for p in PROMPTS["repetitive"]}
     for pid, share in shares.items():
         assert share >= 0.65, (pid, share)
@@ -115,7 +115,7 @@ def test_repetitive_prompts_are_copy_heavy_cpu():
         assert _suffix_words_seen_before(p.text), p.id
 
 
-def test_repetitive_distinct_from_other_types_cpu():
+def test_repetitive_distinct_from_other_types():
     def mean_share(t):
         return _mean([_tail_4gram_copy_share(p.text) for p in PROMPTS[t]])
 
@@ -127,7 +127,7 @@ def test_repetitive_distinct_from_other_types_cpu():
         assert not any(_suffix_words_seen_before(p.text) for p in PROMPTS[t]), t
 
 
-def test_mixed_workload_interleaves_by_type_cpu():
+def test_mixed_workload_interleaves_by_type():
     w = workload_prompts("mixed")
     n = min(len(PROMPTS[t]) for t in PROMPT_TYPES)
     head = [p.id for p in w[: 4 * n]]
@@ -143,7 +143,7 @@ def test_mixed_workload_interleaves_by_type_cpu():
     assert sorted(p.id for p in w) == sorted(p.id for p in ALL)
 
 
-def test_per_type_truncation_cpu():
+def test_per_type_truncation():
     w = workload_prompts("mixed", per_type=2)
     assert [p.id for p in w] == [
         "code-00",
@@ -162,18 +162,18 @@ def test_per_type_truncation_cpu():
 
 
 @pytest.mark.parametrize("t", PROMPT_TYPES)
-def test_single_type_sets_cpu(t):
+def test_single_type_sets(t):
     assert list(workload_prompts(t)) == list(PROMPTS[t])
     assert [p.id for p in workload_prompts(t, per_type=3)] == [f"{t}-{i:02d}" for i in range(3)]
 
 
-def test_workload_returns_fresh_list_cpu():
+def test_workload_returns_fresh_list():
     a = workload_prompts("code")
     a.clear()
     assert len(workload_prompts("code")) == len(PROMPTS["code"])
 
 
-def test_unknown_set_error_names_valid_sets_cpu():
+def test_unknown_set_error_names_valid_sets():
     with pytest.raises(ValueError) as exc:
         workload_prompts("nope")
     msg = str(exc.value)
@@ -183,12 +183,12 @@ def test_unknown_set_error_names_valid_sets_cpu():
 
 
 @pytest.mark.parametrize("bad", [0, -1])
-def test_per_type_below_one_rejected_cpu(bad):
+def test_per_type_below_one_rejected(bad):
     with pytest.raises(ValueError, match="per_type"):
         workload_prompts("mixed", per_type=bad)
 
 
-def test_module_docstring_explains_types_cpu():
+def test_module_docstring_explains_types():
     doc = prompts.__doc__ or ""
     for t in PROMPT_TYPES:
         assert t in doc

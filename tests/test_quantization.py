@@ -12,7 +12,6 @@ must draw exactly what the store holds. GPTQ itself is tested where its optional
 from __future__ import annotations
 
 import importlib.util
-import os
 import json
 import subprocess
 import sys
@@ -46,15 +45,10 @@ def _config(precision: str, model: str = "tiny-gqa") -> TrialConfig:
 # ------------------------------------------------------------------------------ the sweep
 
 @pytest.fixture(scope="module")
-def swept(tiny_zoo, tmp_path_factory):
-    """One real quick-profile sweep of the quantization group over the two tiny targets."""
-    folder = tmp_path_factory.mktemp("quant-store")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    env = {**os.environ, quantized_weights.QUANTIZED_DIR_ENV: str(folder / "quantized")}
-    done = subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "quantization",
-                           "--models", ",".join(MODELS), "--tracking-uri", uri],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
-    return uri, done
+def swept(quick_sweep):
+    """The session's sweep (tests/conftest.py), which ran the quantization group's quick space over
+    the two tiny targets: (store URI, the sweep's quantization counts, its stdout)."""
+    return quick_sweep.uri, quick_sweep
 
 
 def _frame(uri: str, status: str | None = "FINISHED"):
@@ -63,9 +57,8 @@ def _frame(uri: str, status: str | None = "FINISHED"):
     return tracking.runs_frame(uri, "quantization", status=status)
 
 
-def test_sweep_fills_the_experiment_and_gptq_fails_cleanly_cpu(swept):
-    uri, done = swept
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def test_sweep_fills_the_experiment_and_gptq_fails_cleanly(swept):
+    uri, sweep = swept
     everything = _frame(uri, status=None)
     assert len(everything) == len(MODELS) * len(CPU_PRECISIONS)
     finished = _frame(uri)
@@ -78,11 +71,11 @@ def test_sweep_fills_the_experiment_and_gptq_fails_cleanly_cpu(swept):
         for error in failed["tags.error"]:
             assert error.startswith("GPTQ needs the optional extra: pip install -e '.[gptq]'")
             assert "\n" not in error
-        assert f"{len(finished)} finished, {len(MODELS)} failed" in done.stdout
-        assert "FAILED quantization tiny-gqa gptq: GPTQ needs the optional extra" in done.stdout
+        assert sweep.counts("quantization") == (len(finished), len(MODELS), 0)
+        assert "FAILED quantization tiny-gqa gptq: GPTQ needs the optional extra" in sweep.done.stdout
 
 
-def test_quality_metrics_are_consistent_cpu(swept):
+def test_quality_metrics_are_consistent(swept):
     uri, _ = swept
     frame = _frame(uri)
     for model, part in frame.groupby("model"):
@@ -121,7 +114,7 @@ def _hand_counted_bytes(model: str, fp32_weights_bytes: float) -> dict[str, set[
             "nf4": {quantized // 2 + nf4_blocks * size + codebooks + rest for size in (4, 2)}}
 
 
-def test_weights_bytes_are_the_real_storage_cpu(swept):
+def test_weights_bytes_are_the_real_storage(swept):
     uri, _ = swept
     frame = _frame(uri)
     for model, part in frame.groupby("model"):
@@ -145,7 +138,7 @@ def test_weights_bytes_are_the_real_storage_cpu(swept):
 
 # ------------------------------------------------------------------------------ direct trials
 
-def test_int8_and_nf4_load_and_generate_cpu(tiny_zoo):
+def test_int8_and_nf4_load_and_generate(tiny_zoo):
     for precision in ("int8", "nf4"):
         result = run_trial(_config(precision))
         assert result.status == "FINISHED"
@@ -157,7 +150,7 @@ def test_int8_and_nf4_load_and_generate_cpu(tiny_zoo):
     assert type(loaded.model.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
 
 
-def test_perplexity_is_deterministic_on_the_zoo_heldout_split_cpu(tiny_zoo):
+def test_perplexity_is_deterministic_on_the_zoo_heldout_split(tiny_zoo):
     loaded = models.load("tiny-gqa", "fp32", "cpu")
     method = perplexity_method("tiny-gqa")
     first, second = _ppl(loaded, method), _ppl(loaded, method)
@@ -177,7 +170,7 @@ def test_perplexity_is_deterministic_on_the_zoo_heldout_split_cpu(tiny_zoo):
     assert bf16.tokens == first.tokens and bf16.perplexity != first.perplexity
 
 
-def test_perplexity_reproduces_the_zoo_cards_with_the_zoos_windows_cpu(tiny_zoo):
+def test_perplexity_reproduces_the_zoo_cards_with_the_zoos_windows(tiny_zoo):
     """With the zoo's own evaluation (non-overlapping windows, as many as the card used), the same
     code gives the perplexity in the model card: the masking and the held-out split are the zoo's."""
     import dataclasses
@@ -190,7 +183,7 @@ def test_perplexity_reproduces_the_zoo_cards_with_the_zoos_windows_cpu(tiny_zoo)
     assert got.perplexity == pytest.approx(card["heldout_perplexity"], abs=1e-3)
 
 
-def test_nf4_layers_bitsandbytes_cannot_repack_keep_the_generic_path_cpu(tmp_path):
+def test_nf4_layers_bitsandbytes_cannot_repack_keep_the_generic_path(tmp_path):
     """bitsandbytes 0.50 crashes repacking 4-bit layers whose input width is not a multiple of 64 on
     AVX512-BF16 CPUs (e.g. 864 wide); those layers are kept on the generic path. If bitsandbytes fixes
     the repacking, the first half fails and the workaround can go."""
@@ -215,7 +208,7 @@ def test_nf4_layers_bitsandbytes_cannot_repack_keep_the_generic_path_cpu(tmp_pat
         assert torch.isfinite(model(input_ids=ids).logits).all()
 
 
-def test_fp16_on_cpu_and_foreign_stacks_fail_with_a_reason_cpu(tiny_zoo):
+def test_fp16_on_cpu_and_foreign_stacks_fail_with_a_reason(tiny_zoo):
     with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
         run_trial(_config("fp16"))
     with pytest.raises(ConfigError, match="weight precision and batch size only"):   # the group's guard
@@ -225,14 +218,14 @@ def test_fp16_on_cpu_and_foreign_stacks_fail_with_a_reason_cpu(tiny_zoo):
 
 
 @pytest.mark.skipif(HAS_GPTQ, reason="GPTQModel is installed here; its absence is what is tested")
-def test_gptq_without_the_extra_is_one_line_cpu(tiny_zoo):
+def test_gptq_without_the_extra_is_one_line(tiny_zoo):
     with pytest.raises(ConfigError) as err:
         run_trial(_config("gptq"))
     assert str(err.value).startswith("GPTQ needs the optional extra: pip install -e '.[gptq]'")
     assert "\n" not in str(err.value)
 
 
-def test_missing_bitsandbytes_is_one_line_cpu(tiny_zoo):
+def test_missing_bitsandbytes_is_one_line(tiny_zoo):
     """With bitsandbytes blocked from importing (as if not installed), int8 fails with the install line."""
     code = ("import sys; sys.modules['bitsandbytes'] = None\n"
             "from trials.run import main\n"
@@ -243,7 +236,7 @@ def test_missing_bitsandbytes_is_one_line_cpu(tiny_zoo):
         f"error: int8 weights need bitsandbytes: {quantized_weights.BNB_INSTALL}"
 
 
-def test_sweep_space_per_device_cpu():
+def test_sweep_space_per_device():
     from sweeps.spaces import PROFILES, quantization as quantization_space
 
     cpu = quantization_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
@@ -254,7 +247,7 @@ def test_sweep_space_per_device_cpu():
     assert cuda[0].workload == PROFILES["full"].workload()
 
 
-def test_gptq_group_size_divides_every_layer_cpu():
+def test_gptq_group_size_divides_every_layer():
     from transformers import LlamaConfig
 
     deep = LlamaConfig(hidden_size=320, intermediate_size=864, num_attention_heads=10, head_dim=32)
@@ -267,7 +260,7 @@ def test_gptq_group_size_divides_every_layer_cpu():
 
 @pytest.mark.skipif(not HAS_GPTQ, reason="needs the optional extra: pip install -e '.[gptq]' "
                                          "(GPTQModel pulls torch>=2.14.1 with CUDA libraries, ~6 GB)")
-def test_gptq_quantizes_once_caches_and_loads_cpu(tiny_zoo, tmp_path, monkeypatch):
+def test_gptq_quantizes_once_caches_and_loads(tiny_zoo, tmp_path, monkeypatch):
     monkeypatch.setenv(quantized_weights.QUANTIZED_DIR_ENV, str(tmp_path))
     WORKER.drop_models()
     first = run_trial(_config("gptq"))
@@ -324,13 +317,12 @@ def _assert_deep_dive_matches_store(driver, frame, model: str) -> None:
     assert {"peak during decode", "nominal: bits x weights"} <= {t["name"] for t in memory["traces"]}
 
 
-def test_charts_render_with_data_and_follow_the_model_selector_cpu(swept, browser, tmp_path):
+def test_charts_render_with_data_and_follow_the_model_selector(swept, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
     from ui import RENDER_TIMEOUT_S, figure, select_model, serve, text
 
-    uri, done = swept
-    assert done.returncode == 0, done.stderr[-3000:]
+    uri, _ = swept
     frame = _frame(uri)
     title = lambda d: d.find_element(By.CSS_SELECTOR, "#quantization-pareto .gtitle").text  # noqa: E731
     with serve(uri, tmp_path) as url:

@@ -9,8 +9,6 @@ up to the tokens actually generated.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,6 @@ from trials.loop import failed_result
 from trials.run import run_trial
 from trials.theory import expected_tokens_per_pass, leviathan
 
-ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 24          # a multiple of k+1 for k in {1, 2, 3, 5}: no round is cut short by the limit
 
 
@@ -51,7 +48,7 @@ def _check_accounting(result) -> None:
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_a_target_as_its_own_draft_accepts_everything_and_emits_k_plus_1_per_pass_cpu(tiny_zoo, k):
+def test_a_target_as_its_own_draft_accepts_everything_and_emits_k_plus_1_per_pass(tiny_zoo, k):
     result = run_trial(_config(k=k, draft="tiny-mha"))
     assert result.status == "FINISHED", result.error
     m = result.metrics
@@ -63,7 +60,7 @@ def test_a_target_as_its_own_draft_accepts_everything_and_emits_k_plus_1_per_pas
     _check_accounting(result)
 
 
-def test_draft_speculation_is_lossless_and_counts_add_up_cpu(tiny_zoo):
+def test_draft_speculation_is_lossless_and_counts_add_up(tiny_zoo):
     result = run_trial(_config(model="tiny-gqa", k=2, per_type=2, repeats=2))
     assert result.status == "FINISHED", result.error
     m = result.metrics
@@ -84,7 +81,7 @@ def test_draft_speculation_is_lossless_and_counts_add_up_cpu(tiny_zoo):
     assert len(result.raw["rounds"]) == m["target_passes"]
 
 
-def test_prompt_lookup_is_lossless_and_counts_add_up_cpu(tiny_zoo):
+def test_prompt_lookup_is_lossless_and_counts_add_up(tiny_zoo):
     result = run_trial(_config(speculation="prompt_lookup", k=4, per_type=2))
     assert result.status == "FINISHED", result.error
     _check_accounting(result)
@@ -93,7 +90,7 @@ def test_prompt_lookup_is_lossless_and_counts_add_up_cpu(tiny_zoo):
     assert result.metrics["acceptance_rate_repetitive"] > 0
 
 
-def test_leviathan_formula_cpu():
+def test_leviathan_formula():
     assert expected_tokens_per_pass(0.0, 4) == 1.0
     assert expected_tokens_per_pass(1.0, 4) == 5.0
     assert expected_tokens_per_pass(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
@@ -108,18 +105,18 @@ def test_leviathan_formula_cpu():
     (dict(speculation="draft", draft_model="tiny-draft", num_draft_tokens=2, batch_size=4), "batch_size 1 only"),
     (dict(speculation="draft", num_draft_tokens=2), "needs a draft_model"),
 ])
-def test_bad_speculation_stacks_are_config_errors_cpu(stack, message):
+def test_bad_speculation_stacks_are_config_errors(stack, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         TrialConfig(group="speculative", model="tiny-mha", stack=Stack(**stack))
 
 
-def test_a_draft_of_another_tokenizer_family_is_a_config_error_cpu():
+def test_a_draft_of_another_tokenizer_family_is_a_config_error():
     with pytest.raises(ConfigError, match="must share its target's vocabulary"):
         TrialConfig(group="speculative", model="zoo-gqa",
                     stack=Stack(speculation="draft", draft_model="tiny-draft", num_draft_tokens=2))
 
 
-def test_a_vocabulary_mismatch_found_at_load_is_a_failed_run_cpu(tiny_zoo, tmp_path):
+def test_a_vocabulary_mismatch_found_at_load_is_a_failed_run(tiny_zoo, tmp_path):
     """A local folder has no known tokenizer family, so only loading can tell: a FAILED run."""
     loaded = models.load("tiny-mha", "fp32", "cpu")
     folder = tmp_path / "other-vocab"
@@ -134,19 +131,19 @@ def test_a_vocabulary_mismatch_found_at_load_is_a_failed_run_cpu(tiny_zoo, tmp_p
     assert "\n" not in failed.error
 
 
-def test_a_target_without_a_draft_is_an_error_before_the_sweep_cpu(tiny_zoo, tmp_path):
+def test_a_target_without_a_draft_is_an_error_before_the_sweep(tiny_zoo, tmp_path, capsys):
+    from sweeps.full import main
+
     folder = Path(models.load("tiny-mha", "fp32", "cpu").model.config._name_or_path)
     with pytest.raises(ConfigError, match="has no draft model"):
         speculative([str(folder)], PROFILES["quick"], "cpu")
-    done = subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "speculative",
-                           "--models", str(folder), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "has no draft model" in lines[0], done.stderr
+    assert main(["--groups", "speculative", "--models", str(folder),
+                 "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "has no draft model" in lines[0], lines
 
 
-def test_space_plans_every_k_and_prompt_lookup_for_targets_only_cpu():
+def test_space_plans_every_k_and_prompt_lookup_for_targets_only():
     for profile in ("quick", "full"):
         configs = speculative(["tiny-mha", "tiny-draft"], PROFILES[profile], "cpu")
         sizing = SPECULATIVE_SIZING[profile]
@@ -160,25 +157,15 @@ def test_space_plans_every_k_and_prompt_lookup_for_targets_only_cpu():
 
 # ------------------------------------------------------------------------------------ sweep + charts
 
-@pytest.fixture
-def speculative_store(tmp_path, tiny_zoo) -> str:
-    """The real sweep (quick profile, tiny targets, 1 worker) into a fresh store."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    done = subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "speculative",
-                           "--models", "tiny-mha,tiny-gqa", "--workers", "1", "--tracking-uri", uri,
-                           "--budget", "1m"],   # the charts need every trial, not long workloads
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    planned = len(speculative(["tiny-mha", "tiny-gqa"], PROFILES["quick"], "cpu"))
-    assert f"{planned} finished, 0 failed" in done.stdout, done.stdout[-3000:]
-    return uri
-
-
-def test_sweep_fills_the_experiment_and_all_six_charts_plot_cpu(speculative_store, browser, tmp_path):
+def test_sweep_fills_the_experiment_and_all_six_charts_plot(quick_sweep, browser, tmp_path):
+    """The session's sweep (quick profile, tiny targets) read back through the real dashboard."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
     from ui import RENDER_TIMEOUT_S, figure, select_model, serve, text
 
+    speculative_store = quick_sweep.uri
+    planned = len(speculative(["tiny-mha", "tiny-gqa"], PROFILES["quick"], "cpu"))
+    assert quick_sweep.counts("speculative") == (planned, 0, 0), quick_sweep.log()
     frame = tracking.runs_frame(speculative_store, "speculative")
     assert set(frame["lossless"]) == {1.0}
     assert frame["baseline_tok_per_s"].gt(0).all() and frame["acceptance_rate"].between(0, 1).all()

@@ -1,46 +1,37 @@
-"""The main job end to end: real Ray Tune (local), a real sqlite MLflow store, the real CLI."""
+"""The main job end to end: real Ray Tune (local), a real sqlite MLflow store, the real CLI.
+
+The session's quick sweep (tests/conftest.py: ``quick_sweep``) is the run under test; error cases
+go through ``main(argv)`` in this process, and one through a real subprocess."""
 
 import hashlib
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 
 import tracking
-from conftest import mlflow_server
-from sweeps import budget
+from conftest import QUICK_SWEEP_GROUPS, mlflow_server, run_sweep
 from trials.hardware import cpu_profile
 
-ROOT = Path(__file__).resolve().parents[1]
-MODELS = "tiny-mha,tiny-gqa"
 
 
-def sweep(*args, timeout=600, env=None):
-    return subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+def _main(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``sweeps/full.py``'s main in this process: (exit code, stdout, stderr)."""
+    from sweeps.full import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:          # argparse's errors
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
-@pytest.fixture(scope="module")
-def swept_store(tiny_zoo, tmp_path_factory):
-    """Two sweeps into one store: the first runs every baseline trial, the second none."""
-    db = tmp_path_factory.mktemp("store") / "mlflow.db"
-    uri = f"sqlite:///{db}"
-    # the default budget: calibrate (into a fresh cache), estimate, then run; the second sweep reuses
-    # the calibration, so it plans the same configs and skips them all
-    env = {**os.environ, budget.CACHE_ENV_VAR: str(db.parent / "calibration.json")}
-    first = sweep("--groups", "baseline", "--models", MODELS, "--tracking-uri", uri, env=env)
-    second = sweep("--groups", "baseline", "--models", MODELS, "--tracking-uri", uri, env=env)
-    return uri, first, second
-
-
-def test_sweep_writes_finished_runs_cpu(swept_store):
-    uri, first, _ = swept_store
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+def test_sweep_writes_finished_runs(quick_sweep):
+    uri, out = quick_sweep.uri, quick_sweep.done.stdout
     frame = tracking.runs_frame(uri, "baseline")
-    assert len(frame) == 4, first.stdout[-3000:]
+    assert len(frame) == 4, quick_sweep.log()
+    assert quick_sweep.counts("baseline") == (4, 0, 0)
     assert set(frame["model"]) == {"tiny-mha", "tiny-gqa"}
     assert set(frame["precision"]) == {"fp32", "bf16"}
     assert (frame["status"] == "FINISHED").all() and (frame["tok_per_s"] > 0).all()
@@ -55,26 +46,24 @@ def test_sweep_writes_finished_runs_cpu(swept_store):
     assert set(native["fp32"]) == {"True"}
     assert set(native["bf16"]) == {str(cpu_profile().bf16_native)}
     for needle in ("Calibration (what one step costs here", "tiny-gqa", "Estimated: ~", "Phases: zoo"):
-        assert needle in first.stdout, (needle, first.stdout[-3000:])
+        assert needle in out, (needle, quick_sweep.log())
     raw = tracking.read_trial_artifact(uri, frame["run_id"].iloc[0])
     assert raw["raw"]["outputs"] and raw["raw"]["repeats"]
-    assert "4 finished, 0 failed, 0 skipped" in first.stdout
-    assert "mlflow ui --backend-store-uri" in first.stdout and "dashboard/app.py" in first.stdout
+    assert "mlflow ui --backend-store-uri" in out and "dashboard/app.py" in out
 
 
-def test_second_sweep_skips_everything_cpu(swept_store):
-    uri, _, second = swept_store
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "0 finished, 0 failed, 4 skipped" in second.stdout
-    assert len(tracking.runs_frame(uri, "baseline", status=None)) == 4
-
-
-def test_dry_run_prints_the_plan_cpu(swept_store):
-    uri, _, _ = swept_store
-    out = sweep("--groups", "baseline", "--models", MODELS, "--tracking-uri", uri, "--dry-run")
-    assert out.returncode == 0, out.stderr
-    assert "total: 4 trials, 4 already finished" in out.stdout
-    assert "tiny-gqa" in out.stdout
+def test_a_second_sweep_plans_the_same_and_skips_what_finished(quick_sweep, capsys, monkeypatch):
+    """The same command again (as a dry run, in this process): the cached calibration plans the very
+    same configs, every FINISHED one is skipped and every FAILED one would run again."""
+    for name, value in quick_sweep.env.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = _main([*quick_sweep.args, "--dry-run"], capsys)
+    assert code == 0, err
+    counts = [quick_sweep.counts(g) for g in QUICK_SWEEP_GROUPS]
+    planned, finished = sum(map(sum, counts)), sum(c[0] for c in counts)
+    assert 0 < finished < planned                   # the session's sweep has both kinds
+    assert f"total: {planned} trials, {finished} already finished" in out, out
+    assert "tiny-gqa" in out
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -85,22 +74,32 @@ def test_dry_run_prints_the_plan_cpu(swept_store):
     (["--tracking-uri", "http://127.0.0.1:9/"], "unreachable"),
     (["--profile", "huge"], "invalid choice"),
     (["--budget", "soon"], "not a duration"),
+    (["--memory-budget", "2XB"], "memory budget"),
 ])
-def test_bad_input_is_one_line_and_touches_nothing_cpu(swept_store, args, needle):
-    uri, _, _ = swept_store
-    db = Path(uri[len("sqlite:///"):])
+def test_bad_input_is_one_line_and_touches_nothing(quick_sweep, capsys, args, needle):
+    db = Path(quick_sweep.uri[len("sqlite:///"):])
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    full_args = args if "--tracking-uri" in args else [*args, "--tracking-uri", uri]
-    out = sweep(*full_args, timeout=120)
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], out.stderr
+    full_args = args if "--tracking-uri" in args else [*args, "--tracking-uri", quick_sweep.uri]
+    code, out, err = _main(full_args, capsys)
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
-def test_mlflow_server_shows_the_same_runs_cpu(swept_store, tmp_path):
+def test_bad_input_from_the_command_line_is_one_line_and_exit_2(tmp_path):
+    """The one subprocess of the error cases: what a shell sees (exit code, one stderr line)."""
+    done = run_sweep("--groups", "batching", "--memory-budget", "lots",
+                     "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "memory budget" in lines[0], done.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_mlflow_server_shows_the_same_runs(quick_sweep, tmp_path):
     """What the MLflow UI shows comes from `mlflow server` on the same store: the same runs."""
-    uri, _, _ = swept_store
+    uri = quick_sweep.uri
     with mlflow_server(uri, tmp_path / "artifacts") as base:
         experiment = requests.get(f"{base}/api/2.0/mlflow/experiments/get-by-name",
                                   params={"experiment_name": "baseline"}, timeout=10).json()

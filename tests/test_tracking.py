@@ -20,7 +20,7 @@ def uri(tmp_path):
     return uri
 
 
-def test_prepare_store_creates_every_group_with_artifacts_beside_the_db_cpu(uri, tmp_path):
+def test_prepare_store_creates_every_group_with_artifacts_beside_the_db(uri, tmp_path):
     assert tracking.prepare_store(uri).keys() == set(GROUPS)  # idempotent
     result = TrialResult(_config(), "FINISHED", metrics={"tok_per_s": 12.5}, raw={"outputs": ["x"]})
     run_id = tracking.log_trial(uri, result)
@@ -28,7 +28,7 @@ def test_prepare_store_creates_every_group_with_artifacts_beside_the_db_cpu(uri,
     assert list((tmp_path / "mlartifacts" / "baseline").rglob("trial.json"))
 
 
-def test_failed_run_keeps_its_reason_and_is_not_skipped_cpu(uri):
+def test_failed_run_keeps_its_reason_and_is_not_skipped(uri):
     ok = TrialResult(_config(), "FINISHED", metrics={"tok_per_s": 10.0})
     bad = failed_result(_config("bf16"), RuntimeError("boom\nsecond line"))
     tracking.log_trial(uri, ok)
@@ -42,13 +42,13 @@ def test_failed_run_keeps_its_reason_and_is_not_skipped_cpu(uri):
     assert finished["batch_size"].dtype.kind in "if"
 
 
-def test_relative_sqlite_uri_is_made_absolute_cpu(tmp_path, monkeypatch):
+def test_relative_sqlite_uri_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert tracking.resolve_uri(None) == f"sqlite:///{tmp_path}/mlflow.db"
 
 
-def test_unreachable_stores_are_one_line_errors_cpu(tmp_path):
+def test_unreachable_stores_are_one_line_errors(tmp_path):
     for uri, needle in [("sqlite:////nonexistent/dir/x.db", "does not exist"),
                         ("http://127.0.0.1:9", "unreachable"), ("ftp://x", "unsupported")]:
         with pytest.raises(tracking.TrackingError, match=needle) as err:

@@ -20,7 +20,7 @@ def _config(model="tiny-gqa", precision="fp32", **kw):
 
 
 @pytest.mark.parametrize("precision,element_bytes", [("fp32", 4), ("bf16", 2)])
-def test_trial_numbers_cpu(tiny_zoo, precision, element_bytes):
+def test_trial_numbers(tiny_zoo, precision, element_bytes):
     result = run_trial(_config(precision=precision))
     m = result.metrics
     card = zoo.load_card("tiny-gqa")
@@ -49,7 +49,7 @@ def test_trial_numbers_cpu(tiny_zoo, precision, element_bytes):
     assert result.tags["env.device"] == "cpu" and result.tags["env.torch"] == torch.__version__
 
 
-def test_kv_formula_handles_explicit_head_dim_cpu():
+def test_kv_formula_handles_explicit_head_dim():
     from transformers import LlamaConfig
 
     config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -57,14 +57,14 @@ def test_kv_formula_handles_explicit_head_dim_cpu():
     assert kv_footprint(config).total_bytes(context=10, batch=2, bits=16) == 2 * 3 * 2 * 32 * 10 * 2 * 2
 
 
-def test_model_is_loaded_once_per_worker_cpu(tiny_zoo):
+def test_model_is_loaded_once_per_worker(tiny_zoo):
     first = run_trial(_config(model="tiny-mha", precision="bf16"))
     second = run_trial(_config(model="tiny-mha", precision="bf16", seed=1))
     assert second.metrics["model_from_cache"] == 1.0 and second.metrics["model_load_s"] == 0.0
     assert first.config.config_hash != second.config.config_hash
 
 
-def test_config_hash_is_stable_and_validation_is_one_line_cpu(tiny_zoo):
+def test_config_hash_is_stable_and_validation_is_one_line(tiny_zoo):
     a, b = _config(), TrialConfig.from_dict(_config().to_dict())
     assert a.config_hash == b.config_hash and len(a.config_hash) == 16
     assert a.config_hash != _config(precision="bf16").config_hash
@@ -79,12 +79,12 @@ def test_config_hash_is_stable_and_validation_is_one_line_cpu(tiny_zoo):
         Stack(speculation="prompt_lookup", num_draft_tokens=2, batch_size=2).validate()
 
 
-def test_fp16_on_cpu_fails_with_reason_cpu(tiny_zoo):
+def test_fp16_on_cpu_fails_with_reason(tiny_zoo):
     with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
         run_trial(_config(precision="fp16"))
 
 
-def test_trial_runs_alone_from_the_command_line_cpu(tiny_zoo):
+def test_trial_runs_alone_from_the_command_line(tiny_zoo):
     out = subprocess.run([sys.executable, "-m", "trials.run", "--model", "tiny-gqa", "--precision", "bf16",
                           "--prompts-per-type", "1", "--max-new-tokens", "6", "--repeats", "1",
                           "--threads", "1"], capture_output=True, text=True, timeout=300)
@@ -97,8 +97,8 @@ def test_trial_runs_alone_from_the_command_line_cpu(tiny_zoo):
     assert "nosuchmodel" in bad.stderr and "tiny-gqa" in bad.stderr
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_trial_numbers_cuda(tiny_zoo):
+@pytest.mark.cuda
+def test_trial_numbers_on_cuda(tiny_zoo):
     result = run_trial(_config(precision="bf16", device="cuda"))
     assert result.metrics["kv_cache_bytes"] == result.metrics["kv_cache_bytes_exact"]
     assert result.tags["memory_method"] == "cuda.max_memory_allocated"

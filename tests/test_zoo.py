@@ -1,11 +1,11 @@
-"""The offline model zoo: the tiny set built from scratch into a fresh folder, then checked."""
+"""The offline model zoo: the session's tiny set (``tiny_zoo``: built from scratch on a fresh machine
+such as CI's, reused from the cache elsewhere), its cards, reloads, staleness rules and CLI."""
 
 import dataclasses
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,27 +27,17 @@ TINY = zoo.ZOO_SETS["tiny"]
 
 
 @dataclasses.dataclass
-class FreshBuild:
+class Built:
     root: Path
     cards: dict
-    seconds: float
-
-
-@pytest.fixture(scope="module")
-def fresh_build(tmp_path_factory):
-    root = tmp_path_factory.mktemp("zoo")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(zoo.ZOO_ENV_VAR, str(root))
-        start = time.time()
-        cards = zoo.build("tiny")
-        return FreshBuild(root, cards, time.time() - start)
 
 
 @pytest.fixture
-def fresh_zoo(fresh_build, monkeypatch):
-    """The freshly built tiny zoo, with the env var pointing at it for this test only."""
-    monkeypatch.setenv(zoo.ZOO_ENV_VAR, str(fresh_build.root))
-    return fresh_build
+def fresh_zoo(tiny_zoo, monkeypatch):
+    """The session's tiny zoo (built from scratch where none was cached, as on a fresh CI machine),
+    with its cards as the build returned them."""
+    monkeypatch.setenv(zoo.ZOO_ENV_VAR, str(tiny_zoo))
+    return Built(tiny_zoo, zoo.build("tiny"))
 
 
 def _run_cli(*args, env_dir):
@@ -56,7 +46,7 @@ def _run_cli(*args, env_dir):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_tiny_zoo_build_and_reload_cpu(fresh_zoo):
+def test_tiny_zoo_build_and_reload(fresh_zoo):
     # How long a build takes is a benchmark's business (benchmarks/precision.py), not a test's.
     assert zoo.zoo_dir() == fresh_zoo.root
     assert set(fresh_zoo.cards) == set(TINY) == {"tiny-mha", "tiny-gqa", "tiny-draft"}
@@ -94,7 +84,7 @@ def test_tiny_zoo_build_and_reload_cpu(fresh_zoo):
     assert (zoo.tokenizer_path("tiny") / "tokenizer.json").exists()
 
 
-def test_tiny_zoo_reload_gives_identical_logits_and_tokenizer_round_trips_cpu(fresh_zoo):
+def test_tiny_zoo_reload_gives_identical_logits_and_tokenizer_round_trips(fresh_zoo):
     folder = zoo.model_path("tiny-gqa")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.padding_side == "left"
@@ -120,7 +110,7 @@ def test_tiny_zoo_reload_gives_identical_logits_and_tokenizer_round_trips_cpu(fr
     assert torch.equal(logits_a, logits_b)
 
 
-def test_tiny_targets_beat_draft_on_heldout_perplexity_cpu(fresh_zoo):
+def test_tiny_targets_beat_draft_on_heldout_perplexity(fresh_zoo):
     cards = fresh_zoo.cards
     draft_ppl = cards["tiny-draft"]["heldout_perplexity"]
     for target in ("tiny-mha", "tiny-gqa"):
@@ -134,15 +124,15 @@ def test_tiny_targets_beat_draft_on_heldout_perplexity_cpu(fresh_zoo):
                                                                    rel=1e-3)
 
 
-def test_second_tiny_build_rebuilds_nothing_cpu(fresh_zoo):
+def test_second_tiny_build_rebuilds_nothing(fresh_zoo):
     weights = {n: zoo.model_path(n) / "model.safetensors" for n in TINY}
     mtimes = {n: p.stat().st_mtime_ns for n, p in weights.items()}
     cards = zoo.build("tiny")
-    assert cards == fresh_zoo.cards  # same build_seconds: cached cards, not new ones
+    assert cards == {n: zoo.load_card(n) for n in TINY}  # same build_seconds: cached cards, not new ones
     assert {n: p.stat().st_mtime_ns for n, p in weights.items()} == mtimes
 
 
-def test_recipe_change_marks_model_stale_cpu(fresh_zoo, monkeypatch):
+def test_recipe_change_marks_model_stale(fresh_zoo, monkeypatch):
     assert all(zoo.is_built(n) for n in TINY)
     old = zoo.RECIPES["tiny-mha"]
     monkeypatch.setitem(zoo.RECIPES, "tiny-mha", dataclasses.replace(old, train_steps=old.train_steps + 1))
@@ -165,7 +155,7 @@ def test_recipe_change_marks_model_stale_cpu(fresh_zoo, monkeypatch):
     assert zoo.is_built("tiny-gqa")
 
 
-def test_cli_list_help_and_errors_cpu(fresh_zoo, tmp_path):
+def test_cli_list_help_and_errors(fresh_zoo, tmp_path):
     listed = _run_cli("list", "--set", "tiny", env_dir=fresh_zoo.root)
     assert listed.returncode == 0, listed.stderr
     for name in TINY:
@@ -192,12 +182,7 @@ def test_cli_list_help_and_errors_cpu(fresh_zoo, tmp_path):
         zoo.build("huge")
 
 
-def test_tiny_zoo_fixture_builds_into_the_configured_dir_cpu(tiny_zoo):
-    assert tiny_zoo == zoo.zoo_dir()
-    assert all(zoo.is_built(name) for name in TINY)
-
-
-def test_growing_by_depth_starts_as_the_same_function_cpu(fresh_zoo):
+def test_growing_by_depth_starts_as_the_same_function(fresh_zoo):
     """zoo-large's recipe: a trained model deepened with identity layers computes what it computed."""
     from transformers import LlamaForCausalLM
 
@@ -213,7 +198,7 @@ def test_growing_by_depth_starts_as_the_same_function_cpu(fresh_zoo):
         zoo._grow_by_depth(source, grown)                   # fewer layers than the source
 
 
-def test_full_set_recipes_are_consistent_cpu():
+def test_full_set_recipes_are_consistent():
     """Sources exist in the set and come before what they feed; grown models match their source's width."""
     for name in zoo.ZOO_SETS["full"]:
         r = zoo.RECIPES[name]
