@@ -60,8 +60,9 @@ MIN_NEW_TOKENS_EMULATED = 8
 MIN_REPEATS = 2
 MIN_EVAL_WINDOWS = 4
 TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors, plus bookkeeping
-# On one CPU thread a decode step at batch b costs ~(1 + 0.07 (b - 1)) steps at batch 1 for the
-# zoo's models (batch 32 ran ~10x the tokens per second of batch 1 in the batching group).
+# On one CPU thread a decode step at batch b costs ~(1 + growth (b - 1)) steps at batch 1 for the
+# zoo's models; `python benchmarks/report.py` prints the growth each model showed in a store's
+# batching runs (README, "Why the sizes").
 BATCH_STEP_GROWTH = 0.07
 HQQ_FACTOR = 1.5                  # HQQ optimizes every group at prefill and every residual refill
 # Each level: (divisor of new tokens, divisor of prompts per type and perplexity windows, repeats
@@ -162,8 +163,6 @@ def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
     once with that reason, so they cost nothing.
     """
     import torch
-
-    from trials import models
 
     cache = _read_cache()
     costs: dict[tuple[str, str], StepCost] = {}

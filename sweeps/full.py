@@ -199,7 +199,8 @@ def print_estimate(fitted, costs, device: str, workers: int) -> None:
         print(f"No budget: the profile as written, estimated {fitted.estimate_s / 60 / workers:.1f} min "
               f"of trials on {workers} worker(s)")
     else:
-        print(f"Budget {fitted.budget_s / 60:.0f} min on {workers} worker(s): the profile as written would "
+        budget_text = f"{fitted.budget_s:.0f} s" if fitted.budget_s < 120 else f"{fitted.budget_s / 60:.0f} min"
+        print(f"Budget {budget_text} on {workers} worker(s): the profile as written would "
               f"take ~{fitted.unscaled_s / 60 / workers:.1f} min; chose {fitted.describe_level()}")
     per_group: dict[str, list] = {}
     references: set = set()

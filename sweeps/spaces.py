@@ -75,8 +75,8 @@ def quantization(models: list[str], profile: Profile, device: str) -> list[Trial
             for precision in precisions]
 
 
-# The quick ladder stops where one CPU thread stops gaining: the zoo's largest target went from 525
-# to 531 tok/s between batch 32 and 64 (trials/batching.py, measured on the 2-core dev machine).
+# The quick ladder stops where one CPU thread stops gaining (`python benchmarks/report.py` prints
+# where each model's tok/s stops rising, from a store's batching runs; README, "Why the sizes").
 BATCH_LADDERS = {"quick": (1, 2, 4, 8, 16, 32), "full": (1, 2, 4, 8, 16, 32, 64, 128)}
 
 
@@ -95,9 +95,9 @@ def batching(models: list[str], profile: Profile, device: str) -> list[TrialConf
 KV_STACKS = ((16, "none"), (8, "hqq"), (4, "hqq"), (2, "hqq"), (4, "quanto"), (2, "quanto"))
 # Per profile: contexts (prompt tokens) and the workload at each. The quick profile fits the zoo
 # (4096 positions) and a 2-core CPU: two prose prompts (the type whose next word is least certain,
-# so the most sensitive to cache error), 32 new tokens, 2 repeats. Measured on the 2-core dev
-# machine with --workers 1: 72 trials in 317 s; zoo-large at 2048 tokens took 8 s with the full
-# cache, 9 s with quanto, 18-20 s with HQQ (its quantizer optimizes every group at prefill).
+# so the most sensitive to cache error), 32 new tokens, 2 repeats. HQQ trials cost about twice the
+# others (its quantizer optimizes every group at prefill); `python benchmarks/report.py` prints the
+# seconds per backend and context from a store (README, "Why the sizes").
 KV_SIZING = {
     "quick": dict(contexts=(256, 1024, 2048), prompt_set="prose", prompts_per_type=2,
                   max_new_tokens=32, repeats=2),

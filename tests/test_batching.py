@@ -12,8 +12,7 @@ import pytest
 
 import tracking
 from trials import models
-from trials.batching import (base_id, batch_rows, equal_length_prompts, parse_memory_budget,
-                             predict_peak)
+from trials.batching import base_id, batch_rows, equal_length_prompts, parse_memory_budget
 from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
 from trials.measure import model_weights_bytes
 from trials.prompts import workload_prompts

@@ -23,7 +23,6 @@ import tracking
 from dashboard.sections import SECTIONS
 from trials.config import Stack, TrialConfig, Workload
 from trials import groups
-from trials.groups import NAMES as GROUPS
 from trials.loop import TrialResult
 
 from ui import APP, RENDER_TIMEOUT_S, needs_browser, serve  # noqa: E402
@@ -139,13 +138,33 @@ def test_unreachable_store_is_one_line_and_exit_2(tmp_path):
     assert done.stdout == ""
 
 
-def test_every_section_has_the_interface_and_an_empty_state():
+def test_every_section_draws_nothing_from_an_empty_frame():
     import pandas as pd
 
-    assert [s.GROUP for s in SECTIONS] == list(GROUPS)
     for section in SECTIONS:
-        assert section.TITLE and section.BLURB.endswith((".", "?"))
         assert section.figures(pd.DataFrame()) == []
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(captions=lambda frame: ""), "misspelt hook 'caption'"),
+    (dict(deepdive=lambda frame, model: []), "misspelt hook 'deep_dive'"),
+    (dict(GROUP="batching"), "but the group declaring it is 'baseline'"),
+    (dict(RUN_STATUS=3), "RUN_STATUS has the wrong type"),
+    (dict(figures=None), "figures has the wrong type"),
+])
+def test_a_section_off_the_protocol_is_an_error_not_a_silent_hook(change, message):
+    """What a typo in a new section module would do: fail when the page is built, naming it."""
+    import types
+
+    from dashboard.sections import SectionError, check_section
+    from dashboard.sections import baseline
+
+    module = types.ModuleType("dashboard.sections.mistyped")
+    module.__dict__.update({k: v for k, v in vars(baseline).items() if not k.startswith("__")})
+    module.__dict__.update(change)
+    with pytest.raises(SectionError, match=message):
+        check_section(module, "baseline")
+    assert check_section(baseline, "baseline") is baseline
 
 
 # ------------------------------------------------------------------------------ emulated precision

@@ -152,7 +152,6 @@ def test_space_plans_every_k_and_prompt_lookup_for_targets_only():
         assert [c.stack.num_draft_tokens for c in configs if c.stack.speculation == "prompt_lookup"] \
             == list(sizing["lookup_k"])
         assert all(c.stack.batch_size == 1 and c.stack.draft_model in (None, "tiny-draft") for c in configs)
-    assert {1, 2, 3, 4, 6, 8} <= set(SPECULATIVE_SIZING["full"]["draft_k"])
 
 
 # ------------------------------------------------------------------------------------ sweep + charts

@@ -108,3 +108,24 @@ def test_mlflow_server_shows_the_same_runs(quick_sweep, tmp_path):
         served = {r["info"]["run_id"] for r in runs["runs"]}
         assert served == set(tracking.runs_frame(uri, "baseline", status=None)["run_id"])
         assert set(tracking.runs_frame(base, "baseline")["run_id"]) == served
+
+
+def test_the_report_of_measured_sizes_is_written_from_the_store(quick_sweep, capsys):
+    """benchmarks/report.py: the figures the sizing rests on, recomputed from the runs."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "report.py"
+    spec = importlib.util.spec_from_file_location("report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.main(["--tracking-uri", quick_sweep.uri]) == 0
+    out = capsys.readouterr().out
+    times = out.split("**")[0]
+    assert "| baseline | 4 |" in times and "nan" not in times          # every trial has its trial_s
+    frame = tracking.runs_frame(quick_sweep.uri, "batching")
+    for model, part in frame.groupby("model"):
+        tok_per_s = part.set_index("batch_size")["tok_per_s"]
+        row = next(line for line in out.splitlines() if line.startswith(f"| {model} | 1: "))
+        assert ", ".join(f"{b}: {v:.0f}" for b, v in tok_per_s.sort_index().items()) in row
+    assert report.main(["--tracking-uri", "sqlite:////nonexistent/dir/x.db"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -91,10 +91,14 @@ def test_trial_runs_alone_from_the_command_line(tiny_zoo):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["status"] == "FINISHED" and result["metrics"]["tok_per_s"] > 0
-    bad = subprocess.run([sys.executable, "-m", "trials.run", "--model", "nosuchmodel"],
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
-    assert "nosuchmodel" in bad.stderr and "tiny-gqa" in bad.stderr
+
+
+def test_a_bad_trial_on_the_command_line_is_one_line_and_exit_2(capsys):
+    from trials.run import main
+
+    assert main(["--model", "nosuchmodel"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "nosuchmodel" in err and "tiny-gqa" in err
 
 
 @pytest.mark.cuda

@@ -138,7 +138,7 @@ def _with_retry(fn):
 
 def log_trial(uri: str, result, sweep_id: str = "") -> str:
     """Record one ``trials.run.TrialResult`` as a run; returns the run id."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
 
     config = result.config
     client = _client(uri)

@@ -97,7 +97,7 @@ def _ratios() -> tuple[float, float]:
 
 @cache
 def cpu_profile() -> CpuProfile:
-    """This process's CPU, measured once (~0.1 s on an AVX2 CPU, less where 16-bit is native)."""
+    """This process's CPU, measured once per process (a few small matmuls)."""
     model, flags = _cpuinfo()
     bf16, fp16 = _ratios()
     return CpuProfile(model=model, capability=torch.backends.cpu.get_cpu_capability(),

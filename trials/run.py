@@ -18,6 +18,7 @@ import json
 import logging
 import random
 import sys
+import time
 
 import torch
 
@@ -33,7 +34,10 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
         torch.set_num_threads(runtime.num_threads)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    return groups.get(config.group).run(config, runtime)
+    started = time.perf_counter()
+    result = groups.get(config.group).run(config, runtime)
+    result.metrics["trial_s"] = time.perf_counter() - started   # everything: loading, references, repeats
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

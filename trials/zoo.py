@@ -160,10 +160,9 @@ SETS: dict[str, SetRecipe] = {
 
 _TINY = dict(zoo_set="tiny", seq_len=128, batch_size=8, warmup_steps=10)
 # Sized so the full set trains within 15 minutes on any 2-core x86-64, in fp32 where bf16 is
-# emulated (a model costs ~6 x parameters x tokens FLOPs, ~30-50 GFLOP/s on one AVX2 thread). In
-# this budget more, smaller steps win: zoo-mha reached held-out ppl 130 at 2 x 256 tokens per step
-# (lr 1.5e-3, 560 steps), against 155 at 4 x 256 (280 steps) and 188 with lr 5e-3, for the same
-# tokens. Drafts' steps also run the teacher's forward pass.
+# emulated (a model costs ~6 x parameters x tokens FLOPs). In this budget more, smaller steps win
+# (README, "Why the sizes": the runs that chose them). Drafts' steps also run the teacher's forward
+# pass.
 _FULL_TARGET = dict(zoo_set="full", seq_len=256, batch_size=2, warmup_steps=20)
 _FULL_DRAFT = dict(zoo_set="full", seq_len=256, batch_size=2, warmup_steps=20)
 
@@ -180,14 +179,14 @@ _RECIPE_LIST = [
                 distill_from="tiny-mha", distill_weight=0.8, seed=13, **_TINY),
     # Full set, in the order the scheduler starts them (a model waits for the ones it is trained
     # from). zoo-large exists for speculative decoding: a draft only pays when a target step costs
-    # many draft steps, and on a CPU per-pass overhead makes a ~1M-parameter draft cost ~3 ms
-    # whatever its size, so the target must be much deeper. Trained from scratch, a 38M-parameter
-    # target stayed at held-out ppl ~260 (greedy text: newlines) in this budget; grown by depth from
-    # the trained zoo-gqa (24 layers instead of 6) it starts at zoo-gqa's quality and costs ~4x its
-    # step. Its draft starts from zoo-gqa-draft (distilled from zoo-gqa, so it already agrees with
-    # much of what zoo-large predicts; from scratch, 150 steps gave acceptance alpha ~0.16) and is
+    # many draft steps, and on a CPU per-pass overhead puts a floor under a small draft's step, so
+    # the target must be much deeper. Trained from scratch in this budget such a target stays poor,
+    # so it is grown by depth from the trained zoo-gqa (24 layers instead of 6): it starts at
+    # zoo-gqa's quality and costs several of its steps. Its draft starts from zoo-gqa-draft
+    # (distilled from zoo-gqa, so it already agrees with much of what zoo-large predicts) and is
     # then distilled from zoo-large alone (no cross-entropy term): it learns to agree with the
-    # target, which is what a speculative draft is for, and stays below it in quality.
+    # target, which is what a speculative draft is for, and stays below it in quality. The runs
+    # behind these choices: README, "Why the sizes".
     ModelRecipe("zoo-gqa", "target", "gqa", "zoo-gqa-draft", hidden_size=256, layers=6,
                 attention_heads=8, kv_heads=2, head_dim=32, intermediate_size=768,
                 train_steps=480, learning_rate=1.5e-3, seed=23, **_FULL_TARGET),

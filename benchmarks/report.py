@@ -1,0 +1,138 @@
+"""What a store measured, as Markdown: the figures the sweep's sizing rests on, regenerated from runs.
+
+Sizes in the code (the batch ladder, the KV contexts, the budget model's batch growth) were chosen
+from measurements; those measurements go stale with the machine and the code, so they live here,
+recomputed from a store, instead of in comments. Paste the output into the README's "Measured"
+section (or a PR) with the command that produced it:
+
+    python benchmarks/report.py --tracking-uri sqlite:///mlflow.db > measured.md
+
+Every figure names its group and model; nothing is printed that the store does not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tracking  # noqa: E402
+from trials import groups  # noqa: E402
+
+SATURATION_GAIN = 0.05        # a batch "stops gaining" when tok/s rises by less than this over the last
+
+
+def _seconds(frame: pd.DataFrame) -> pd.Series:
+    """Wall time of each trial in its worker (``trial_s``: loading, references and repeats); NaN for
+    runs logged before the metric existed."""
+    return frame["trial_s"] if "trial_s" in frame else pd.Series(float("nan"), index=frame.index)
+
+
+def machine(frames: dict[str, pd.DataFrame]) -> str:
+    rows = pd.concat([f for f in frames.values() if not f.empty], ignore_index=True)
+    if rows.empty:
+        return "(no finished runs)"
+    parts = []
+    for column in ("tags.env.cpu_model", "tags.env.cpu_capability", "tags.env.device_name"):
+        if column in rows:
+            parts.append(", ".join(sorted(rows[column].dropna().astype(str).unique())))
+    first, last = pd.to_datetime(rows["start_time"]).min(), pd.to_datetime(rows["end_time"]).max()
+    return f"{' / '.join(p for p in parts if p)}; runs from {first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC"
+
+
+def trial_times(frames: dict[str, pd.DataFrame]) -> list[str]:
+    lines = ["| group | finished runs | median s per trial | total min |", "| --- | --- | --- | --- |"]
+    for group, frame in frames.items():
+        if frame.empty:
+            continue
+        seconds = _seconds(frame)
+        lines.append(f"| {group} | {len(frame)} | {seconds.median():.1f} | {seconds.sum() / 60:.1f} |")
+    return lines
+
+
+def batching(frame: pd.DataFrame) -> list[str]:
+    """tok/s per batch size, and where one more doubling stops paying (what sizes the quick ladder)."""
+    if frame.empty:
+        return []
+    lines = ["| model | tok/s by batch | stops gaining at |", "| --- | --- | --- |"]
+    for model, part in frame.groupby("model"):
+        by_batch = part.groupby("batch_size")["tok_per_s"].median().sort_index()
+        ladder = ", ".join(f"{int(b)}: {v:.0f}" for b, v in by_batch.items())
+        gains = by_batch.pct_change().dropna()
+        flat = gains[gains < SATURATION_GAIN]
+        stop = f"batch {int(flat.index[0])} (+{flat.iloc[0]:.1%})" if len(flat) else "not within the ladder"
+        growth = by_batch.iloc[0] * by_batch.index / by_batch       # step cost at b over step cost at 1
+        per_row = ((growth - 1) / (by_batch.index - 1)).iloc[1:].median() if len(by_batch) > 1 else float("nan")
+        lines.append(f"| {model} | {ladder} | {stop}; decode step grows ~{per_row:.3f} per extra row |")
+    return lines
+
+
+def speculative(frame: pd.DataFrame) -> list[str]:
+    if frame.empty:
+        return []
+    lines = ["| model | proposer | best k | speedup | alpha | lossless |", "| --- | --- | --- | --- | --- | --- |"]
+    for (model, proposer), part in frame.groupby(["model", "speculation"]):
+        best = part.loc[part["tok_per_s"].idxmax()]
+        lines.append(f"| {model} | {proposer} | {int(best['num_draft_tokens'])} | {best['speedup']:.2f}x | "
+                     f"{best.get('alpha', float('nan')):.2f} | {best['lossless']:.0f} |")
+    return lines
+
+
+def kv_cache(frame: pd.DataFrame) -> list[str]:
+    """Trial seconds per backend at each context (what sizes the quick contexts)."""
+    if frame.empty:
+        return []
+    frame = frame.assign(seconds=_seconds(frame), context=pd.to_numeric(frame["context_tokens"]))
+    lines = ["| model | context | backend | bits | median trial s |", "| --- | --- | --- | --- | --- |"]
+    for (model, context, backend, bits), part in frame.groupby(["model", "context", "kv_backend", "kv_bits"]):
+        lines.append(f"| {model} | {int(context)} | {backend} | {int(bits)} | {part['seconds'].median():.1f} |")
+    return lines
+
+
+def quantization(frame: pd.DataFrame) -> list[str]:
+    if frame.empty:
+        return []
+    lines = ["| model | precision | perplexity (x reference) | weights MiB | tok/s |", "| --- | --- | --- | --- | --- |"]
+    for (model, precision), part in frame.groupby(["model", "precision"]):
+        row = part.sort_values("start_time").iloc[-1]
+        lines.append(f"| {model} | {precision} | {row['perplexity']:.2f} ({row['perplexity_ratio']:.3f}) | "
+                     f"{row['weights_bytes'] / 2**20:.2f} | {row['tok_per_s']:.0f} |")
+    return lines
+
+
+SECTIONS = {"batching": batching, "speculative": speculative, "kv_cache": kv_cache,
+            "quantization": quantization}
+
+
+def report(uri: str) -> str:
+    frames = {name: tracking.runs_frame(uri, name) for name in groups.NAMES}
+    out = [f"Measured in `{uri}`: {machine(frames)}", "", *trial_times(frames)]
+    for name, section in SECTIONS.items():
+        lines = section(frames[name])
+        if lines:
+            out += ["", f"**{groups.get(name).title}** (`{name}`)", "", *lines]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/report.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
+    args = parser.parse_args(argv)
+    try:
+        uri = tracking.resolve_uri(args.tracking_uri)
+        tracking.check_reachable(uri)
+    except tracking.TrackingError as exc:
+        print(f"python benchmarks/report.py: error: {exc}", file=sys.stderr)
+        return 2
+    print(report(uri), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
