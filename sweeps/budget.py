@@ -207,7 +207,7 @@ def pairs_needed(configs: list[TrialConfig]) -> set[tuple[str, str]]:
         pairs.add((c.model, c.stack.precision))
         if c.stack.draft_model:
             pairs.add((c.stack.draft_model, c.stack.precision))
-        if c.group == "quantization":
+        if c.group in ("quantization", "stacks"):
             pairs.add((c.model, reference_precision(c.model, c.device)))
     return pairs
 
@@ -278,6 +278,21 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
                            _generate_s(ref, prompts, prompt_tokens, w.max_new_tokens, 1, s.batch_size)
                            + ppl_tokens * ref.prefill_token_s)
         total += plain + ppl_tokens * cost.prefill_token_s
+    elif config.group == "stacks":
+        # once per model and workload: the base stack (full repeats) and the reference precision's
+        # outputs and teacher-forced predictions; then the stack itself, with its draft's steps and,
+        # where weights or cache are quantized, its own teacher-forced pass
+        ref = costs.get((config.model, reference_precision(config.model, config.device)), cost)
+        forced = prompts * (prompt_tokens * ref.prefill_token_s + w.max_new_tokens * ref.decode_s)
+        total += reference(("stacks", config.model, w),
+                           _generate_s(ref, prompts, prompt_tokens, w.max_new_tokens, config.repeats + 1, 1)
+                           + forced)
+        draft = costs.get((s.draft_model, s.precision)) if s.draft_model else None
+        if draft is not None:
+            total += w.max_new_tokens * config.repeats * prompts / 2 * s.num_draft_tokens * draft.decode_s
+        if s.kv_bits != 16 or s.precision != reference_precision(config.model, config.device):
+            total += forced * cost.decode_s / ref.decode_s
+        total += plain
     else:
         total += plain
     total += reference(("load", config.model, s.precision), cost.load_s)

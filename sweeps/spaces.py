@@ -13,14 +13,21 @@ Profiles size the workload: ``quick`` fits a 2-core CPU in minutes, ``full`` is 
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from trials import zoo
 from trials.config import Stack, TrialConfig, Workload
 from trials.errors import ConfigError
+from trials.factorial import stack_name
+from trials.kv_footprint import kv_footprint
 from trials.registry import get_model, zoo_targets
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,54 @@ def speculative(models: list[str], profile: Profile, device: str) -> list[TrialC
                    for k in sizing["lookup_k"]]
         configs += [TrialConfig(group="speculative", model=model, device=device, stack=stack,
                                 workload=workload, repeats=sizing["repeats"]) for stack in stacks]
+    return configs
+
+
+# The stacks group: per target, the 2^3 design over weights (the fast precision on this device /
+# NF4), the KV cache (full / 4-bit quanto, the faster of the two 4-bit backends) and speculation
+# (off / the target's draft at k=STACKS_DRAFT_K, or prompt lookup where it has no draft), each
+# combination ONE trial at batch 1, base stack first (the others reuse its numbers in a worker).
+# The two cells with both a quantized cache and speculation cannot run (the group's guard says why)
+# and are refused here, with that reason in the log; trials.factorial leaves their interaction out.
+STACKS_KV = (4, "quanto")
+STACKS_DRAFT_K = 3
+
+
+def _kv_group_size(model: str) -> int:
+    """64 (transformers' default), or the largest power of two below it that divides a token's K/V
+    row (kv_heads x head_dim) where the config is on disk: the quantized cache needs whole groups."""
+    try:
+        row = kv_footprint(model).groups[0].elements_per_token // 2
+    except Exception:                # a hub model not on disk: the default, checked when it loads
+        return 64
+    return next((size for size in (64, 32, 16, 8) if row % size == 0), 64)
+
+
+def stacks(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+    """The factorial core of the stacks group (``trials.factorial`` estimates the effects from it)."""
+    from trials.hardware import fast_precision      # torch: only when the group is planned
+
+    base = fast_precision(device)
+    workload = profile.workload()
+    if profile.name == "quick":
+        workload = Workload("mixed", max(1, profile.prompts_per_type // 2), profile.max_new_tokens // 2)
+    configs = []
+    for model in models:
+        entry = get_model(model)
+        if entry.role != "target":
+            continue
+        spec = (dict(speculation="draft", draft_model=entry.default_draft, num_draft_tokens=STACKS_DRAFT_K)
+                if entry.default_draft else dict(speculation="prompt_lookup", num_draft_tokens=STACKS_DRAFT_K))
+        for weights, kv, speculation in itertools.product((False, True), repeat=3):
+            stack = Stack(precision="nf4" if weights else base,
+                          **(dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1],
+                                  kv_group_size=_kv_group_size(model)) if kv else {}),
+                          **(spec if speculation else {}))
+            try:
+                configs.append(TrialConfig(group="stacks", model=model, device=device, stack=stack,
+                                           workload=workload, repeats=max(2, profile.repeats)))
+            except ConfigError as exc:          # the group's guard: a combination that cannot run
+                log.warning("stacks: %s %s refused at plan time: %s", model, stack_name(stack), exc)
     return configs
 
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trials", "sweeps", "tracking", "dashboard")
 # Modules a process without torch imports (the dashboard, the sweep's planning): they and everything
 # they import must not import torch, transformers or the measurement loop.
-TORCH_FREE = ("trials.groups", "trials.theory", "trials.config", "trials.registry", "trials.kv_footprint",
+TORCH_FREE = ("trials.groups", "trials.theory", "trials.factorial", "trials.config", "trials.registry", "trials.kv_footprint",
               "trials.errors", "dashboard.app", "tracking.store")
 
 

@@ -121,6 +121,20 @@ def figure(driver, graph_id: str) -> dict:
     return WebDriverWait(driver, RENDER_TIMEOUT_S).until(plotted)
 
 
+READ_TABLE_JS = """
+const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+if (!gd || !gd.data || !gd.data.length || !gd.querySelector('.table .cell-text')) return null;
+return JSON.stringify({header: gd.data[0].header.values, columns: gd.data[0].cells.values,
+                       title: gd.layout.title && (gd.layout.title.text || gd.layout.title)});
+"""
+
+
+def table(driver, graph_id: str) -> dict:
+    """Wait until a plotly table has drawn its cells; its header, columns (lists) and title."""
+    return json.loads(WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+        lambda d: d.execute_script(READ_TABLE_JS, graph_id)))
+
+
 def text(driver, element_id: str) -> str:
     return WebDriverWait(driver, RENDER_TIMEOUT_S).until(
         lambda d: d.find_element(By.ID, element_id)).text

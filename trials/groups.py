@@ -47,6 +47,11 @@ def _speculative_guard(stack) -> str | None:
     return None
 
 
+SPEC_NEEDS_CROP = ("KV-cache quantization and speculation cannot run together: transformers' assisted "
+                   "generation must crop the cache after each rejected draft, and QuantizedCache cannot "
+                   "be cropped")
+
+
 def _kv_cache_guard(stack) -> str | None:
     if stack.speculation != "none":
         return f"the kv_cache group measures the cache without speculation, got stack {stack.label}"
@@ -118,10 +123,14 @@ GROUPS: tuple[Group, ...] = (
           section="dashboard.sections.quantization",
           reference="the reference precision's greedy outputs and perplexity, once per worker, model "
                     "and workload (tag reference_source)"),
-    Group("stacks", "Optimization stacks: techniques combined",
-          guard=lambda stack: None, runner=None, space=None,
+    Group("stacks", "How much did optimizations help? Techniques combined in one trial",
+          guard=lambda stack: SPEC_NEEDS_CROP if stack.kv_bits != 16 and stack.speculation != "none" else None,
+          runner="trials.stacks:run_stack", space="sweeps.spaces:stacks",
           section="dashboard.sections.stacks",
-          reference="the same model's plain stack (not built yet)"),
+          reference="the base stack (fast precision, full cache, no speculation) for speed and memory "
+                    "(tag baseline_source), the reference precision's greedy outputs and "
+                    "teacher-forced predictions for quality (tag reference_source); each once per "
+                    "worker, model and workload, reused for 30 minutes"),
 )
 
 BY_NAME: dict[str, Group] = {g.name: g for g in GROUPS}

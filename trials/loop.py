@@ -19,6 +19,7 @@ This module imports no technique: techniques import it (``trials.groups`` checks
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 import traceback
@@ -30,6 +31,7 @@ from trials import models
 from trials.config import Runtime, TrialConfig
 from trials.environment import environment_tags
 from trials.errors import ConfigError
+from trials.factorial import t_interval
 from trials.hardware import precision_is_native
 from trials.kv_footprint import KVFootprintError, kv_footprint
 from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
@@ -112,6 +114,18 @@ def _kv_bytes_exact(model: torch.nn.Module, record: BatchRecord) -> tuple[int | 
         return None, str(exc)
 
 
+def _repeat_statistics(throughput: list[float]) -> dict[str, float]:
+    """The repeats' spread as a 95 % t-interval of the mean tok/s (two repeats or more), and the
+    mean and variance of log tok/s that effect estimates combine (``trials.factorial``)."""
+    logs = [math.log(t) for t in throughput]
+    stats = {"tok_per_s_repeats": float(len(logs)), "log_tok_per_s_mean": statistics.mean(logs)}
+    if len(logs) > 1:
+        low, high = t_interval(throughput)
+        stats.update(tok_per_s_ci_low=low, tok_per_s_ci_high=high,
+                     log_tok_per_s_var=statistics.variance(logs))
+    return stats
+
+
 def _summarize(config: TrialConfig, loaded: models.LoadedModel,
                repeats: list[list[BatchRecord]], added_peak_bytes: int) -> tuple[dict[str, float], dict[str, str]]:
     """The trial's metrics, and tags that explain any predicted value it could not compute."""
@@ -124,6 +138,7 @@ def _summarize(config: TrialConfig, loaded: models.LoadedModel,
     kv_exact, kv_exact_missing = _kv_bytes_exact(loaded.model, biggest)
     metrics = {
         **_spread(throughput, "tok_per_s"),
+        **_repeat_statistics(throughput),
         **_spread([b.ttft_s for b in records], "ttft_s"),
         **_spread([b.decode_s / b.decode_tokens for b in records], "tpot_s"),
         "per_stream_tok_per_s": statistics.median(throughput) / batch_size,

@@ -110,7 +110,7 @@ def provenance(rows: pd.DataFrame) -> list[list[str]]:
 
 
 def _is_provenance_trace(trace) -> bool:
-    return (isinstance(trace.hovertemplate, str) and PROVENANCE_HOVER in trace.hovertemplate
+    return (isinstance(getattr(trace, "hovertemplate", None), str) and PROVENANCE_HOVER in trace.hovertemplate
             and bool(trace.customdata))
 
 

@@ -1,29 +1,271 @@
-"""Optimization stacks: precision, KV bits, speculation and batching combined.
+"""How much did optimizations help? Whole stacks, each optimization's own effect, the best stack.
 
-Optimizations interact (a 4-bit model may make a draft relatively more expensive; a quantized cache
-matters more at large batch), so the question is which whole stacks are worth it. Each point is one
-stack on one model: up is faster, left is smaller, and the useful stacks lie on the upper-left edge.
+Each point is ONE trial of a combined stack (weights, KV cache, speculation loaded and generated
+together, ``trials.stacks``), never a sum of separate trials. The charts:
+
+1. Speed vs memory by optimization stack: x = decode tok/s (right = faster), y = peak memory (lower =
+   less), error bars the 95 % t-interval over repeats, the Pareto front drawn (no other stack both
+   faster and smaller), bottom-right best. All models above; one model under the selector.
+2. What each optimization contributes: main effects and two-way interactions from the per-model 2^n
+   design (``trials.factorial``), as "x faster" with 95 % intervals; an interval spanning 1x is
+   marked not significant. Memory effects carry no interval (one peak per trial).
+3. Best stack: the fastest stack within the quality budget (``QUALITY_BUDGET``) and the smallest,
+   with the command that reproduces the trial and the arguments that turn the stack on.
 """
 
 from __future__ import annotations
 
+import json
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 
-from dashboard.sections.common import MB, has, latest, points, stack_order
+from dashboard.sections.common import MB, PROVENANCE_HOVER, count_range, has, latest, provenance
+from trials.factorial import effects, factor_columns
+from trials.groups import SPEC_NEEDS_CROP
 
 GROUP = "stacks"
-TITLE = "Speed vs memory by optimization stack"
-BLURB = ("Which combinations of optimizations give the most tokens per second for the least "
-         "memory?")
+TITLE = "How much did optimizations help?"
+BLURB = ("Which stack of optimizations should this model run, and which part of the stack is doing "
+         "the work?")
+DEEP_DIVE_TITLE = "Per model: the stacks, what each optimization contributes, the best stack"
+RUN_STATUS = None                     # FAILED combinations are named, not hidden
+OVERVIEW_ID = "stacks-overview"
+FRONTIER_ID, EFFECTS_ID, CARD_ID = "stacks-frontier", "stacks-effects", "stacks-best"
+# A stack counts as "within quality" when its greedy tokens match the reference on at least this
+# share of positions and (where it has one) its mean KL divergence is at most this many nats.
+QUALITY_BUDGET = {"fidelity_token_match": 0.95, "kl_divergence": 0.05}
+LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=20, t=60, b=50), height=440)
+COLORS = qualitative.Plotly
+NEEDED = ("model", "tok_per_s", "peak_memory_bytes", "tags.stack_name")
+STACK_HOVER = ("<b>%{text}</b><br>tok/s: %{x:.1f} (95 %: %{customdata[8]})<br>peak memory: %{y:.1f} MB<br>"
+               "parts: %{customdata[9]}<br>quality: %{customdata[10]}<br>")
 
+
+def _finished(frame: pd.DataFrame) -> pd.DataFrame:
+    if "status" in frame.columns:
+        frame = frame[frame["status"] == "FINISHED"]
+    return frame
+
+
+def _rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Latest finished run per model and stack, with the columns the charts read."""
+    rows = latest(_finished(frame), ["model", "tags.stack_name", "device"])
+    rows = rows.assign(peak_mb=rows["peak_memory_bytes"].astype(float) / MB,
+                       name=rows["tags.stack_name"].astype(str))
+    return rows
+
+
+def _interval(row: pd.Series) -> str:
+    low, high = row.get("tok_per_s_ci_low"), row.get("tok_per_s_ci_high")
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return "n/a (one repeat)"
+    return f"{float(low):.1f}–{float(high):.1f}"
+
+
+def _quality(row: pd.Series) -> str:
+    parts = [f"token match {float(row['fidelity_token_match']):.3f}"] if pd.notna(row.get("fidelity_token_match")) else []
+    if pd.notna(row.get("kl_divergence")):
+        parts.append(f"KL {float(row['kl_divergence']):.4f}")
+    if pd.notna(row.get("lossless")):
+        parts.append("lossless" if float(row["lossless"]) == 1 else "not lossless")
+    return ", ".join(parts) or "n/a"
+
+
+def _customdata(rows: pd.DataFrame) -> list[list[str]]:
+    return [base + [_interval(row), str(row.get("tags.parts", "")), _quality(row)]
+            for base, (_, row) in zip(provenance(rows), rows.iterrows())]
+
+
+def _error_x(rows: pd.DataFrame) -> dict | None:
+    if not {"tok_per_s_ci_low", "tok_per_s_ci_high"} <= set(rows.columns):
+        return None
+    x = rows["tok_per_s"].astype(float)
+    return dict(type="data", symmetric=False,
+                array=[0.0 if pd.isna(h) else max(0.0, float(h) - v) for h, v in zip(rows["tok_per_s_ci_high"], x)],
+                arrayminus=[0.0 if pd.isna(lo) else max(0.0, v - float(lo)) for lo, v in zip(rows["tok_per_s_ci_low"], x)])
+
+
+def pareto_front(rows: pd.DataFrame) -> pd.Series:
+    """Stacks no other stack beats on both: at least as fast and at most as big, better in one."""
+    fast, small = rows["tok_per_s"].astype(float), rows["peak_mb"].astype(float)
+    return pd.Series([not ((fast >= f) & (small <= s) & ((fast > f) | (small < s))).any()
+                      for f, s in zip(fast, small)], index=rows.index)
+
+
+def _scatter(rows: pd.DataFrame, name: str, color: str) -> go.Scatter:
+    return go.Scatter(name=name, x=[float(v) for v in rows["tok_per_s"]], y=[float(v) for v in rows["peak_mb"]],
+                      mode="markers+text", text=list(rows["name"]), textposition="top center",
+                      marker=dict(size=10, color=color), error_x=_error_x(rows),
+                      customdata=_customdata(rows),
+                      hovertemplate=STACK_HOVER + PROVENANCE_HOVER + "<extra></extra>")
+
+
+def overview(rows: pd.DataFrame) -> go.Figure:
+    figure = go.Figure()
+    for i, (model, part) in enumerate(rows.groupby("model")):
+        figure.add_trace(_scatter(part, model, COLORS[i % len(COLORS)]))
+    figure.update_layout(title="Speed vs memory, by optimization stack (right = faster · lower = less "
+                               "memory · bottom-right is best)",
+                         xaxis_title="decode tok/s (95 % interval over repeats)", yaxis_title="peak memory MB",
+                         legend_title="model", **LAYOUT)
+    return figure
+
+
+def frontier(rows: pd.DataFrame, model: str) -> go.Figure:
+    figure = go.Figure()
+    figure.add_trace(_scatter(rows, "stacks", COLORS[0]))
+    front = rows[pareto_front(rows)].sort_values("tok_per_s")
+    figure.add_trace(go.Scatter(name="Pareto front", x=[float(v) for v in front["tok_per_s"]],
+                                y=[float(v) for v in front["peak_mb"]], mode="lines",
+                                line=dict(dash="dot", color="gray"), hoverinfo="skip"))
+    best = rows.loc[(rows["tok_per_s"].astype(float) / rows["peak_mb"].astype(float)).idxmax()]
+    figure.add_annotation(x=float(best["tok_per_s"]), y=float(best["peak_mb"]), ax=-40, ay=-40,
+                          text=f"best tok/s per MB: {best['name']}", showarrow=True)
+    figure.update_layout(title=f"{model}: speed vs memory by stack (bottom-right is best)",
+                         xaxis_title="decode tok/s (95 % interval over repeats)", yaxis_title="peak memory MB",
+                         **LAYOUT)
+    return figure
+
+
+def effects_chart(frame: pd.DataFrame, model: str) -> go.Figure:
+    """A forest plot: each term's multiplicative effect on tok/s and on peak memory, 1x = none."""
+    found, notes = effects(_finished(frame[frame["model"] == model]))
+    figure = go.Figure()
+    for response, label, symbol in (("tok_per_s", "tok/s", "circle"), ("peak_memory_bytes", "peak memory", "diamond")):
+        rows = [e for e in found if e.response == response]
+        if not rows:
+            continue
+        low = [math.exp(e.ci_low) if not math.isnan(e.ci_low) else None for e in rows]
+        high = [math.exp(e.ci_high) if not math.isnan(e.ci_high) else None for e in rows]
+        significant = ["no interval" if e.significant is None else ("significant" if e.significant else
+                       "NOT significant: interval spans 1x") for e in rows]
+        figure.add_trace(go.Scatter(
+            name=f"effect on {label}", x=[e.ratio for e in rows], y=[e.term for e in rows], mode="markers",
+            marker=dict(symbol=[symbol if s != "NOT significant: interval spans 1x" else f"{symbol}-open"
+                                for s in significant], size=11),
+            error_x=None if response != "tok_per_s" else dict(
+                type="data", symmetric=False, array=[h - e.ratio for h, e in zip(high, rows)],
+                arrayminus=[e.ratio - lo for lo, e in zip(low, rows)]),
+            customdata=[[f"{lo:.3f}–{hi:.3f}" if lo else "n/a", s] for lo, hi, s in zip(low, high, significant)],
+            hovertemplate=f"<b>%{{y}}</b><br>{label}: x%{{x:.3f}}<br>95 %: %{{customdata[0]}}<br>"
+                          "%{customdata[1]}<extra></extra>"))
+    title = f"{model}: what each optimization contributes (x = multiplies; 1 = no effect)"
+    if not found:
+        title = f"{model}: no effect estimates: {notes.get(model, 'no design')}"
+    elif notes.get(model):
+        title += f"<br><sup>{notes[model]}</sup>"
+    figure.add_vline(x=1.0, line_dash="dash", line_color="gray")
+    figure.update_layout(title=title, xaxis_type="log", xaxis_title="multiplicative effect (log scale)",
+                         yaxis=dict(autorange="reversed"), **LAYOUT)
+    return figure
+
+
+def within_quality(rows: pd.DataFrame) -> pd.Series:
+    ok = pd.Series(True, index=rows.index)
+    for column, bound in QUALITY_BUDGET.items():
+        if column in rows.columns:
+            values = pd.to_numeric(rows[column], errors="coerce")
+            ok &= values.isna() | ((values >= bound) if column == "fidelity_token_match" else (values <= bound))
+    return ok
+
+
+def reproduce(row: pd.Series) -> tuple[str, str]:
+    """(the command that reruns this trial, the arguments that turn the stack on in user code)."""
+    stack = {k: row[k] for k in ("precision", "kv_bits", "kv_backend", "speculation", "draft_model",
+                                 "num_draft_tokens", "batch_size") if k in row and pd.notna(row[k])}
+    config = {"group": "stacks", "model": row["model"], "device": row.get("device", "cpu"),
+              "stack": {k: (int(float(v)) if k in ("kv_bits", "num_draft_tokens", "batch_size") else v)
+                        for k, v in stack.items() if not (k == "draft_model" and v in ("None", ""))}}
+    command = f"python -m trials.run --config '{json.dumps(config)}'"
+    load, generate = [], []
+    precision = str(stack.get("precision"))
+    if precision in ("nf4", "int8"):
+        bnb = 'load_in_4bit=True, bnb_4bit_quant_type="nf4"' if precision == "nf4" else "load_in_8bit=True"
+        load.append(f"quantization_config=BitsAndBytesConfig({bnb})")
+    elif precision in ("bf16", "fp16", "fp32"):
+        load.append(f"dtype=torch.{dict(bf16='bfloat16', fp16='float16', fp32='float32')[precision]}")
+    if int(float(stack.get("kv_bits", 16))) != 16:
+        generate.append(f"cache_implementation=\"quantized\", cache_config={{\"backend\": \"{stack['kv_backend']}\", "
+                        f"\"nbits\": {int(float(stack['kv_bits']))}}}")
+    if stack.get("speculation") == "draft":
+        generate.append(f"assistant_model=<{stack.get('draft_model')}>, num_assistant_tokens="
+                        f"{int(float(stack['num_draft_tokens']))}")
+    elif stack.get("speculation") == "prompt_lookup":
+        generate.append(f"prompt_lookup_num_tokens={int(float(stack['num_draft_tokens']))}")
+    code = f"from_pretrained(..., {', '.join(load)}); generate(..., {', '.join(generate) or 'do_sample=False'})"
+    return command, code
+
+
+def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame) -> go.Figure:
+    ok = rows[within_quality(rows)]
+    picks = []
+    if not ok.empty:
+        picks.append(("fastest within the quality budget", ok.loc[ok["tok_per_s"].astype(float).idxmax()]))
+        picks.append(("smallest within the quality budget", ok.loc[ok["peak_mb"].astype(float).idxmin()]))
+    cells = [[], [], [], []]
+    for why, row in picks:
+        command, code = reproduce(row)
+        cells[0].append(why)
+        cells[1].append(f"{row['name']}: {float(row['tok_per_s']):.1f} tok/s ({_interval(row)}), "
+                        f"{float(row['peak_mb']):.1f} MB, x{float(row.get('speedup_vs_baseline', float('nan'))):.2f} "
+                        f"speed, x{float(row.get('memory_vs_baseline', float('nan'))):.2f} memory vs base; {_quality(row)}")
+        cells[2].append(command)
+        cells[3].append(code)
+    for _, row in failed.iterrows():
+        cells[0].append("FAILED")
+        cells[1].append(str(row.get("tags.stack_name", row.get("stack", "?"))))
+        cells[2].append(str(row.get("tags.error", ""))[:300])
+        cells[3].append("")
+    figure = go.Figure(go.Table(header=dict(values=["", "stack", "reproduce", "turn it on in your code"]),
+                                cells=dict(values=cells, align="left"), columnwidth=[1.2, 3, 3, 3]))
+    budget = ", ".join(f"{k} {'>=' if k == 'fidelity_token_match' else '<='} {v}" for k, v in QUALITY_BUDGET.items())
+    figure.update_layout(title=f"{model}: best stack (quality budget: {budget})" if picks else
+                         f"{model}: no stack within the quality budget ({budget})",
+                         template="plotly_white", margin=dict(l=20, r=20, t=60, b=20), height=320)
+    return figure
+
+
+# ------------------------------------------------------------------------------ the protocol
 
 def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
-    if not has(frame, "model", "stack", "tok_per_s", "peak_memory_bytes"):
+    if not has(frame, *NEEDED) or _finished(frame).empty:
         return []
-    rows = latest(frame, ["model", "stack", "device"])
-    rows["peak_mb"] = rows["peak_memory_bytes"] / MB
-    return [("stacks-frontier",
-             points(rows, x="peak_mb", y="tok_per_s", series="stack", series_order=stack_order(rows),
-                    title="Decode throughput vs peak memory (up and left is better)",
-                    x_title="peak memory MB", y_title="tok/s", mode="markers"))]
+    return [(OVERVIEW_ID, overview(_rows(frame)))]
+
+
+def deep_dive_models(frame: pd.DataFrame) -> list[str]:
+    if not has(frame, *NEEDED):
+        return []
+    return sorted(_finished(frame)["model"].dropna().unique())
+
+
+def deep_dive(frame: pd.DataFrame, model: str) -> list[tuple[str, go.Figure]]:
+    if not has(frame, *NEEDED):
+        return []
+    mine = frame[frame["model"] == model]
+    rows = _rows(mine)
+    if rows.empty:
+        return []
+    failed = latest(mine[mine["status"] == "FAILED"], ["tags.stack_name"]) if "status" in mine else mine.iloc[:0]
+    return [(FRONTIER_ID, frontier(rows, model)), (EFFECTS_ID, effects_chart(frame, model)),
+            (CARD_ID, best_card(rows, model, failed))]
+
+
+def caption(frame: pd.DataFrame) -> str:
+    if not has(frame, *NEEDED):
+        return ""
+    rows = _rows(frame)
+    factors = ", ".join(factor_columns(frame)) or "none"
+    failed = frame[frame["status"] == "FAILED"] if "status" in frame.columns else frame.iloc[:0]
+    return (f"{len(rows)} finished stacks over {rows['model'].nunique()} model(s); each point is one "
+            f"combined trial (not a sum of separate ones). Throughput: median decode tok/s over "
+            f"{count_range(rows, 'repeats')} repeats with a 95 % t-interval, batch "
+            f"{count_range(rows, 'batch_size')}, {count_range(rows, 'max_new_tokens')} greedy tokens per "
+            f"prompt. Effects: a 2^n design over {factors}, on log tok/s (interval from the repeats) and log "
+            f"peak memory (one peak per trial, no interval). Quality against each model's reference "
+            f"precision (tag reference_precision); speed and memory against the base stack."
+            + (f" {len(failed)} combination(s) FAILED and are listed in the best-stack table." if len(failed) else "")
+            + f" Refused at plan time: a quantized KV cache with speculation ({SPEC_NEEDS_CROP}).")

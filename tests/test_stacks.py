@@ -1,0 +1,192 @@
+"""The stacks group: combined stacks as single trials, effect estimates, the section in Chromium.
+
+The effect arithmetic is checked on a synthetic design whose effects are known (no model involved);
+the runner on the tiny zoo, where a combined stack must show every part at work in its one trial; the
+section in headless Chromium against a store filled with the 2^3 design of tiny-gqa.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pandas as pd
+import pytest
+
+import tracking
+from sweeps.spaces import PROFILES, STACKS_DRAFT_K, stacks as stacks_space
+from trials import models
+from trials.config import ConfigError, Stack, TrialConfig, Workload
+from trials.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
+from trials.hardware import fast_precision
+from trials.kv_footprint import kv_footprint
+from trials.run import run_trial
+
+FACTORS = ("weights", "kv", "spec")
+TRUE = {"weights": 0.30, "kv": -0.10, "spec": 0.0, "weights x kv": 0.20, "weights x spec": 0.0,
+        "kv x spec": 0.0}           # effects on log tok/s: mean(+) - mean(-)
+
+
+def _synthetic(noise: float = 0.01, repeats: int = 4, drop=lambda x: False) -> pd.DataFrame:
+    """A 2^3 design whose log tok/s has exactly the effects in TRUE, plus seeded noise per repeat."""
+    rng = random.Random(0)
+    rows = []
+    for levels in pd.MultiIndex.from_product([[-1, 1]] * 3):
+        x = dict(zip(FACTORS, levels))
+        if drop(x):
+            continue
+        mean = math.log(100.0) + sum(TRUE[f] / 2 * x[f] for f in FACTORS) \
+            + TRUE["weights x kv"] / 2 * x["weights"] * x["kv"]
+        logs = [mean + rng.gauss(0, noise) for _ in range(repeats)]
+        m = sum(logs) / repeats
+        rows.append({"model": "m", "log_tok_per_s_mean": m, "tok_per_s_repeats": float(repeats),
+                     "log_tok_per_s_var": sum((v - m) ** 2 for v in logs) / (repeats - 1),
+                     "peak_memory_bytes": 1e6 * math.exp(0.25 * x["weights"]),   # weights: x e^0.5
+                     **{f"tags.{FACTOR_TAG}{f}": str(int(x[f] > 0)) for f in FACTORS}})
+    return pd.DataFrame(rows)
+
+
+def test_effects_recover_a_known_design_with_intervals_that_cover_them():
+    found, notes = effects(_synthetic())
+    assert not notes
+    speed = {e.term: e for e in found if e.response == "tok_per_s"}
+    assert set(speed) == set(TRUE)
+    for term, true in TRUE.items():
+        e = speed[term]
+        assert e.ci_low <= true <= e.ci_high, (term, e)
+        assert e.significant == (true != 0.0) or abs(true) < 1e-9 and e.significant in (False, True)
+    assert speed["weights"].significant and speed["weights x kv"].significant
+    assert speed["weights"].ratio == pytest.approx(math.exp(0.30), rel=0.02)
+    memory = {e.term: e for e in found if e.response == "peak_memory_bytes"}
+    assert memory["weights"].estimate == pytest.approx(0.5) and memory["kv"].estimate == pytest.approx(0.0)
+    assert memory["weights"].significant is None and math.isnan(memory["weights"].ci_low)
+
+
+def test_noise_larger_than_an_effect_is_not_significant():
+    speed = {e.term: e for e in effects(_synthetic(noise=0.5, repeats=2))[0] if e.response == "tok_per_s"}
+    assert speed["kv"].significant is False and speed["kv"].ci_low < 0 < speed["kv"].ci_high
+
+
+def test_combinations_that_cannot_run_leave_only_their_interaction_out():
+    """kv and spec never on together (as in the stacks group): the other terms are still fitted, by
+    least squares, and cover the truth (the model has no kv x spec interaction)."""
+    found, notes = effects(_synthetic(drop=lambda x: x["kv"] > 0 and x["spec"] > 0))
+    speed = {e.term: e for e in found if e.response == "tok_per_s"}
+    assert set(speed) == set(TRUE) - {"kv x spec"}
+    for term, e in speed.items():
+        assert e.ci_low <= TRUE[term] <= e.ci_high, (term, e)
+    assert "kv x spec: never on together" in notes["m"]
+
+
+def test_too_few_combinations_give_no_effects_and_say_why():
+    found, notes = effects(_synthetic(drop=lambda x: x["weights"] > 0 and (x["kv"] > 0 or x["spec"] > 0)))
+    assert [e for e in found if e.term == "weights x kv"] == []
+    found, notes = effects(_synthetic(drop=lambda x: x["weights"] > 0))
+    assert not [e for e in found if "weights" in e.term] and "weights: only one level ran" in notes["m"]
+
+
+def test_the_t_interval_is_students():
+    low, high = t_interval([1.0, 2.0, 3.0])              # mean 2, sd 1, t(0.975, 2) = 4.3027
+    assert (high - low) / 2 == pytest.approx(4.3027 / math.sqrt(3), rel=1e-4)
+    assert all(math.isnan(v) for v in t_interval([5.0]))
+
+
+def test_the_space_is_a_full_design_per_target_with_stated_parts():
+    configs = stacks_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
+    assert {c.model for c in configs} == {"tiny-gqa"}
+    cells = [stack_factors(c.stack) for c in configs]
+    assert len({tuple(f.values()) for f in cells}) == len(configs) == 6       # 8 less the 2 refused
+    assert not any(f["kv"] and f["spec"] for f in cells)
+    assert len({c.config_hash for c in configs}) == 6
+    base = configs[0].stack
+    assert base == Stack(precision=fast_precision("cpu")) and stack_name(base) == fast_precision("cpu")
+    spec = [c.stack for c in configs if c.stack.speculation != "none"]
+    assert {(s.draft_model, s.num_draft_tokens) for s in spec} == {("tiny-draft", STACKS_DRAFT_K)}
+    assert all(c.repeats >= 2 for c in configs)          # an interval needs two repeats
+    assert [stack_name(c.stack) for c in configs][-1] == "nf4+kv4"
+
+
+def test_a_quantized_cache_with_speculation_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="QuantizedCache cannot be cropped"):
+        _stack_config(False, True, True)
+
+
+def _stack_config(weights: bool, kv: bool, spec: bool, model: str = "tiny-gqa") -> TrialConfig:
+    stack = Stack(precision="nf4" if weights else fast_precision("cpu"),
+                  **(dict(kv_bits=4, kv_backend="quanto", kv_group_size=32) if kv else {}),
+                  **(dict(speculation="draft", draft_model="tiny-draft", num_draft_tokens=2) if spec else {}))
+    return TrialConfig(group="stacks", model=model, stack=stack, workload=Workload("mixed", 1, 12), repeats=2)
+
+
+def test_a_combined_stack_is_one_trial_with_every_part_at_work(tiny_zoo):
+    result = run_trial(_stack_config(True, True, False))
+    assert result.status == "FINISHED", result.error
+    m, tags = result.metrics, result.tags
+    assert tags["stack_name"] == "nf4+kv4"
+    assert [tags[f"{FACTOR_TAG}{f}"] for f in FACTORS] == ["1", "1", "0"]
+    # 4-bit weights: far fewer bytes than the base precision's
+    base_bytes = models.load("tiny-gqa", fast_precision("cpu"), "cpu").model
+    assert m["weights_bytes"] < sum(p.numel() for p in base_bytes.parameters()) * 2
+    # a 4-bit cache in the very generate() that was timed: fewer bytes than the full cache's formula
+    full = kv_footprint("tiny-gqa").total_bytes(int(m["kv_cache_tokens"]), 1, 32)
+    assert m["kv_cache_bytes"] < full
+    assert 0 <= m["fidelity_token_match"] <= 1 and m["kl_divergence"] >= 0
+    assert m["speedup_vs_baseline"] == pytest.approx(m["tok_per_s"] / m["baseline_tok_per_s"])
+    assert m["tok_per_s_ci_low"] <= m["tok_per_s_ci_high"]
+    assert tags["baseline_source"].startswith(("this trial", "reused"))
+    spec = run_trial(_stack_config(True, False, True))              # 4-bit target, 4-bit draft
+    assert spec.tags["proposer"] == "tiny-draft" and spec.tags["stack_name"] == "nf4+spec"
+    assert spec.metrics["weights_bytes"] == m["weights_bytes"]       # the same 4-bit target
+
+
+def test_speculation_alone_is_lossless_against_the_base(tiny_zoo):
+    result = run_trial(_stack_config(False, False, True))
+    assert result.metrics["lossless_vs_baseline"] == 1.0
+    assert "kl_divergence" not in result.metrics or fast_precision("cpu") != "fp32"
+
+
+# ------------------------------------------------------------------------------ the section
+
+@pytest.fixture(scope="module")
+def stacks_store(tiny_zoo, tmp_path_factory) -> str:
+    """The stacks design of tiny-gqa (6 cells: kv and spec never together), run in this process and
+    logged through the real tracking API."""
+    uri = tracking.resolve_uri(f"sqlite:///{tmp_path_factory.mktemp('stacks')}/mlflow.db")
+    tracking.prepare_store(uri)
+    for weights in (False, True):
+        for kv, spec in ((False, False), (True, False), (False, True)):
+            tracking.log_trial(uri, run_trial(_stack_config(weights, kv, spec)))
+    return uri
+
+
+def test_the_three_pieces_render_and_match_the_store(stacks_store, browser, tmp_path):
+    from ui import figure, serve, table, text
+
+    frame = tracking.runs_frame(stacks_store, "stacks")
+    assert len(frame) == 6
+    with serve(stacks_store, tmp_path) as url:
+        browser.get(url)
+        overview = figure(browser, "stacks-overview")
+        frontier = figure(browser, "stacks-frontier")
+        forest = figure(browser, "stacks-effects")
+        card = table(browser, "stacks-best")
+        caption = text(browser, "stacks-caption")
+    by_name = dict(zip(frame["tags.stack_name"], frame["tok_per_s"]))
+    assert overview["points_drawn"] >= 6
+    assert sorted(overview["traces"][0]["x"]) == pytest.approx(sorted(by_name.values()))
+    stacks_trace = next(t for t in frontier["traces"] if t["name"] == "stacks")
+    assert sorted(stacks_trace["x"]) == pytest.approx(sorted(by_name.values()))
+    terms = {t["name"]: t["y"] for t in forest["traces"]}
+    assert set(terms["effect on tok/s"]) == {"weights", "kv", "spec", "weights x kv", "weights x spec"}
+    found = {e.term: e.ratio for e in effects(frame)[0] if e.response == "tok_per_s"}
+    throughput = next(t for t in forest["traces"] if t["name"] == "effect on tok/s")
+    assert dict(zip(throughput["y"], throughput["x"])) == pytest.approx(found)
+    why, stack, command, code = card["columns"]
+    assert why[0] == "fastest within the quality budget" and "quality budget" in card["title"]
+    fastest = frame.loc[frame["tok_per_s"].idxmax()]
+    assert command[0].startswith("python -m trials.run --config ") and "from_pretrained(" in code[0]
+    assert stack[0].split(":")[0] in set(frame["tags.stack_name"])
+    assert fastest["tags.stack_name"] == stack[0].split(":")[0] or fastest["fidelity_token_match"] < 0.95 \
+        or fastest.get("kl_divergence", 0) > 0.05
+    assert "6 finished stacks" in caption and "not a sum of separate ones" in caption
+    assert "QuantizedCache cannot be cropped" in caption

@@ -1,0 +1,151 @@
+"""Optimization stacks: techniques combined in ONE trial, compared with the same model's plain stack.
+
+A stack here is weight precision + KV-cache quantization + speculation (+ batch size), loaded and
+generated together through the one measurement loop: the weights come quantized from
+``models.load``, and ``generate()`` gets every technique's arguments at once
+(``trials.groups.generate_kwargs``: the quantized cache and the draft model or prompt lookup). A
+combination's number is never a sum or product of separate trials.
+
+Each trial is compared with two references, both measured once per worker, model and workload (and
+reused for ``REFERENCE_MAX_AGE_S``, said in the tags):
+
+* the **baseline**: the design's base stack (the fast precision on this device, full cache, no
+  speculation, batch 1): ``speedup_vs_baseline`` and ``memory_vs_baseline`` (tag ``baseline_source``);
+* the **quality reference**: the reference precision (fp32 on CPU) with the full cache, greedy:
+  ``fidelity_token_match`` and ``lossless`` against its outputs, and, where weights or cache are
+  quantized, the KL divergence of teacher-forced next-token distributions (tag ``reference_source``).
+
+Speculation alone must be lossless against the base precision's greedy output; a quantized stack
+need not, and says by how much it is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trials import groups, models
+from trials.config import Runtime, Stack, TrialConfig
+from trials.factorial import FACTOR_TAG, stack_factors, stack_name
+from trials.hardware import fast_precision
+from trials.kv_cache import check_model, forced_length, quality_metrics, teacher_forced_logprobs
+from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.prompts import Prompt
+from trials.registry import reference_precision
+from trials.worker import WORKER
+
+REFERENCE_MAX_AGE_S = 30 * 60
+
+
+@dataclass
+class Baseline:
+    tok_per_s: float
+    peak_memory_bytes: float
+    outputs: dict[str, list[int]]
+
+
+@dataclass
+class Reference:
+    outputs: dict[str, list[int]]
+    logprobs: list[torch.Tensor]
+    targets: list[torch.Tensor]
+
+
+def base_stack(config: TrialConfig) -> Stack:
+    """The design's base: the fast precision on this device (``hardware.fast_precision``, as the
+    stacks space plans it), full cache, no speculation, batch 1."""
+    return Stack(precision=fast_precision(config.device))
+
+
+def _variant(config: TrialConfig, stack: Stack) -> TrialConfig:
+    return TrialConfig(group="stacks", model=config.model, device=config.device, stack=stack,
+                       workload=config.workload, repeats=config.repeats, seed=config.seed)
+
+
+def _teacher_forced(loaded: models.LoadedModel, stack: Stack, prompts: list[Prompt],
+                    config: TrialConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    pairs = [teacher_forced_logprobs(loaded, stack, p, forced_length(
+        config, len(loaded.tokenizer(p.text)["input_ids"]))) for p in prompts]
+    return [lp for lp, _ in pairs], [t for _, t in pairs]
+
+
+def _summary(config: TrialConfig, loaded: models.LoadedModel, measured: Measured) -> Baseline:
+    result = finish(config, Runtime(), loaded, measured)
+    return Baseline(result.metrics["tok_per_s"], result.metrics["peak_memory_bytes"], measured.outputs())
+
+
+def baseline(config: TrialConfig, prompts: list[Prompt], measured: Measured | None,
+             loaded: models.LoadedModel) -> tuple[Baseline, str]:
+    """The base stack's throughput, peak memory and outputs: this trial's own numbers when it is the
+    base stack, else this worker's recent measurement, else measured now (full repeats)."""
+    plain = _variant(config, base_stack(config))
+    memo = WORKER.memo("stacks.baseline", max_age_s=REFERENCE_MAX_AGE_S)
+    if measured is not None:
+        return memo.put(plain.config_hash, config.config_hash, _summary(config, loaded, measured)), "this trial"
+
+    def make() -> Baseline:
+        base = models.load(plain.model, plain.stack.precision, plain.device)
+        return _summary(plain, base, measure(plain, base, prompts, generate_kwargs={}))
+
+    return memo.get(plain.config_hash, config.config_hash, make)
+
+
+def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, str]:
+    """The reference precision's greedy outputs and teacher-forced predictions (full cache)."""
+    plain = _variant(config, Stack(precision=reference_precision(config.model, config.device)))
+    memo = WORKER.memo("stacks.reference", max_age_s=REFERENCE_MAX_AGE_S)
+
+    def make() -> Reference:
+        loaded = models.load(plain.model, plain.stack.precision, plain.device)
+        measured = measure(plain, loaded, prompts, generate_kwargs={}, repeats=1)
+        return Reference(measured.outputs(), *_teacher_forced(loaded, plain.stack, prompts, plain))
+
+    return memo.get(plain.config_hash, config.config_hash, make)
+
+
+def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
+    """One combined stack: measured once through the loop, against the baseline and the reference."""
+    stack = config.stack
+    loaded = models.load(config.model, stack.precision, config.device)
+    check_model(config, loaded.model.config)       # a cache the quantized backend cannot hold: why
+    prompts = trial_prompts(config, loaded)
+    kwargs = groups.generate_kwargs(config, loaded)
+    measured = measure(config, loaded, prompts, generate_kwargs=kwargs)
+    is_base = stack == base_stack(config)
+    base, base_source = baseline(config, prompts, measured if is_base else None, loaded)
+    ref, ref_source = reference(config, prompts)
+    metrics = compare_outputs(measured.outputs(), ref.outputs)
+    metrics["lossless_vs_baseline"] = compare_outputs(measured.outputs(), base.outputs)["lossless"]
+    quantized = stack.kv_bits != 16 or stack.precision != reference_precision(config.model, config.device)
+    if quantized:
+        logprobs, targets = _teacher_forced(loaded, stack, prompts, config)
+        quality = quality_metrics(ref.logprobs, logprobs, targets)
+        metrics.update({k: quality[k] for k in ("kl_divergence", "kl_divergence_max",
+                                                "teacher_forced_top1_match", "teacher_forced_tokens")})
+    tags = {"stack_name": stack_name(stack), "baseline_source": base_source, "reference_source": ref_source,
+            "reference_precision": reference_precision(config.model, config.device),
+            "parts": describe(config)}
+    if stack.speculation != "none":
+        tags["proposer"] = stack.draft_model or "prompt lookup"
+    tags.update({f"{FACTOR_TAG}{name}": str(int(on)) for name, on in stack_factors(stack).items()})
+    result = finish(config, runtime, loaded, measured, metrics=metrics, tags=tags)
+    m = result.metrics
+    m["baseline_tok_per_s"] = base.tok_per_s
+    m["speedup_vs_baseline"] = m["tok_per_s"] / base.tok_per_s
+    m["memory_vs_baseline"] = m["peak_memory_bytes"] / base.peak_memory_bytes
+    return result
+
+
+def describe(config: TrialConfig) -> str:
+    """The stack's parts in words, for the hover and the best-stack card."""
+    s = config.stack
+    parts = [f"{s.precision} weights"]
+    parts.append("full KV cache" if s.kv_bits == 16 else f"{s.kv_bits}-bit KV cache ({s.kv_backend})")
+    if s.speculation == "draft":
+        parts.append(f"draft {s.draft_model}, k={s.num_draft_tokens}")
+    elif s.speculation == "prompt_lookup":
+        parts.append(f"prompt lookup, k={s.num_draft_tokens}")
+    if s.batch_size != 1:
+        parts.append(f"batch {s.batch_size}")
+    return "; ".join(parts)
