@@ -13,6 +13,7 @@ Every figure names its group and model; nothing is printed that the store does n
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -104,8 +105,34 @@ def quantization(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def stacks(frame: pd.DataFrame) -> list[str]:
+    """Each stack per model (tok/s with its 95 % interval, memory, quality), then the effects."""
+    if frame.empty or "tags.stack_name" not in frame:
+        return []
+    from trials.factorial import effects
+
+    lines = ["| model | stack | tok/s (95 % CI) | x base | peak MiB | x base | token match | KL |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = frame.sort_values("start_time").drop_duplicates(["model", "tags.stack_name"], keep="last")
+    for _, r in rows.sort_values(["model", "speedup_vs_baseline"], ascending=[True, False]).iterrows():
+        kl = r.get("kl_divergence")
+        lines.append(f"| {r['model']} | {r['tags.stack_name']} | {r['tok_per_s']:.1f} "
+                     f"({r.get('tok_per_s_ci_low', float('nan')):.1f}–{r.get('tok_per_s_ci_high', float('nan')):.1f}) | "
+                     f"{r['speedup_vs_baseline']:.2f} | {r['peak_memory_bytes'] / 2**20:.1f} | "
+                     f"{r['memory_vs_baseline']:.2f} | {r['fidelity_token_match']:.3f} | "
+                     f"{'' if pd.isna(kl) else f'{kl:.4f}'} |")
+    found, notes = effects(frame)
+    lines += ["", "| model | term | x tok/s (95 % CI) | significant | x peak memory |", "| --- | --- | --- | --- | --- |"]
+    memory = {(e.model, e.term): e.ratio for e in found if e.response == "peak_memory_bytes"}
+    for e in (e for e in found if e.response == "tok_per_s"):
+        lines.append(f"| {e.model} | {e.term} | {e.ratio:.3f} ({math.exp(e.ci_low):.3f}–{math.exp(e.ci_high):.3f}) | "
+                     f"{'yes' if e.significant else 'no'} | {memory[(e.model, e.term)]:.3f} |")
+    lines += [f"\n{model}: {note}" for model, note in notes.items()]
+    return lines
+
+
 SECTIONS = {"batching": batching, "speculative": speculative, "kv_cache": kv_cache,
-            "quantization": quantization}
+            "quantization": quantization, "stacks": stacks}
 
 
 def report(uri: str) -> str:

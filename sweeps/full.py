@@ -150,10 +150,10 @@ def _alive_nodes() -> int:
     return sum(1 for node in ray.nodes() if node.get("Alive"))
 
 
-def plan(args: argparse.Namespace, device: str) -> dict[str, list[TrialConfig]]:
+def plan(args: argparse.Namespace, device: str, uri: str | None = None) -> dict[str, list[TrialConfig]]:
     models = args.models or default_models(device)
     profile = PROFILES[profile_name(args, device)]
-    return {name: groups.get(name).plan(models, profile, device) for name in args.groups}
+    return {name: groups.get(name).plan(models, profile, device, uri) for name in args.groups}
 
 
 def profile_name(args: argparse.Namespace, device: str) -> str:
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
               "node", file=sys.stderr)
         return 2
     try:
-        trials = plan(args, device)
+        trials = plan(args, device, uri)
     except ConfigError as exc:
         print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
         return 2

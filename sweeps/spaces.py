@@ -212,8 +212,28 @@ def _kv_group_size(model: str) -> int:
     return next((size for size in (64, 32, 16, 8) if row % size == 0), 64)
 
 
-def stacks(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
-    """The factorial core of the stacks group (``trials.factorial`` estimates the effects from it)."""
+def best_draft_k(model: str, draft: str, uri: str | None) -> tuple[int, str]:
+    """(k, why): the k with the highest measured tok/s among the store's speculative runs of this
+    target and draft (latest run per k), else ``STACKS_DRAFT_K``."""
+    frame = None
+    if uri is not None:
+        import tracking
+
+        frame = tracking.runs_frame(uri, "speculative")
+    if frame is not None and not frame.empty and {"model", "draft_model", "num_draft_tokens"} <= set(frame):
+        mine = frame[(frame["model"] == model) & (frame["draft_model"] == draft)]
+        if not mine.empty:
+            mine = mine.sort_values("start_time").drop_duplicates("num_draft_tokens", keep="last")
+            best = mine.loc[mine["tok_per_s"].idxmax()]
+            return int(best["num_draft_tokens"]), (f"the best of k={sorted(int(k) for k in mine['num_draft_tokens'])} "
+                                                   f"in the store's speculative runs")
+    return STACKS_DRAFT_K, "the default: no speculative runs of this target and draft in the store"
+
+
+def stacks(models: list[str], profile: Profile, device: str, uri: str | None = None) -> list[TrialConfig]:
+    """The factorial core of the stacks group (``trials.factorial`` estimates the effects from it).
+    Speculation uses the target's draft at its best k from the speculative group in ``uri`` where
+    there is one (run ``--groups speculative,stacks`` to get it), else ``STACKS_DRAFT_K``."""
     from trials.hardware import fast_precision      # torch: only when the group is planned
 
     base = fast_precision(device)
@@ -225,8 +245,12 @@ def stacks(models: list[str], profile: Profile, device: str) -> list[TrialConfig
         entry = get_model(model)
         if entry.role != "target":
             continue
-        spec = (dict(speculation="draft", draft_model=entry.default_draft, num_draft_tokens=STACKS_DRAFT_K)
-                if entry.default_draft else dict(speculation="prompt_lookup", num_draft_tokens=STACKS_DRAFT_K))
+        if entry.default_draft:
+            k, why = best_draft_k(model, entry.default_draft, uri)
+            log.info("stacks: %s speculates with %s at k=%d (%s)", model, entry.default_draft, k, why)
+            spec = dict(speculation="draft", draft_model=entry.default_draft, num_draft_tokens=k)
+        else:
+            spec = dict(speculation="prompt_lookup", num_draft_tokens=STACKS_DRAFT_K)
         for weights, kv, speculation in itertools.product((False, True), repeat=3):
             stack = Stack(precision="nf4" if weights else base,
                           **(dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1],

@@ -91,7 +91,7 @@ def test_the_t_interval_is_students():
     assert all(math.isnan(v) for v in t_interval([5.0]))
 
 
-def test_the_space_is_a_full_design_per_target_with_stated_parts():
+def test_the_space_is_the_design_per_target_with_stated_parts():
     configs = stacks_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
     assert {c.model for c in configs} == {"tiny-gqa"}
     cells = [stack_factors(c.stack) for c in configs]
@@ -190,3 +190,14 @@ def test_the_three_pieces_render_and_match_the_store(stacks_store, browser, tmp_
         or fastest.get("kl_divergence", 0) > 0.05
     assert "6 finished stacks" in caption and "not a sum of separate ones" in caption
     assert "QuantizedCache cannot be cropped" in caption
+
+
+def test_speculation_in_a_stack_uses_the_best_k_the_store_measured(quick_sweep):
+    """With the session's speculative runs in the store, the stacks space takes their best k."""
+    frame = tracking.runs_frame(quick_sweep.uri, "speculative")
+    draft = frame[(frame["model"] == "tiny-gqa") & (frame["speculation"] == "draft")]
+    best = int(draft.loc[draft["tok_per_s"].idxmax(), "num_draft_tokens"])
+    configs = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu", uri=quick_sweep.uri)
+    assert {c.stack.num_draft_tokens for c in configs if c.stack.speculation == "draft"} == {best}
+    without = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu", uri=None)
+    assert {c.stack.num_draft_tokens for c in without if c.stack.speculation == "draft"} == {STACKS_DRAFT_K}

@@ -68,6 +68,7 @@ class Group:
     section: str                       # "dashboard.sections.<module>"
     reference: str                     # what a trial is compared with, and how it is memoized
     generate_hook: str | None = None   # "module:function" (config, loaded) -> generate() kwargs
+    space_reads_store: bool = False    # the space takes ``uri=``: it plans from what the store holds
 
     @property
     def implemented(self) -> bool:
@@ -84,10 +85,11 @@ class Group:
             raise ConfigError(f"group {self.name!r} has no trials yet; implemented: {', '.join(implemented())}")
         return resolve(self.runner)(config, runtime)
 
-    def plan(self, models: list[str], profile, device: str) -> list:
+    def plan(self, models: list[str], profile, device: str, uri: str | None = None) -> list:
         if self.space is None:
             raise ConfigError(f"group {self.name!r} has no trials yet; implemented: {', '.join(implemented())}")
-        return resolve(self.space)(models, profile, device)
+        extra = {"uri": uri} if self.space_reads_store else {}
+        return resolve(self.space)(models, profile, device, **extra)
 
 
 # In page order.
@@ -125,7 +127,7 @@ GROUPS: tuple[Group, ...] = (
                     "and workload (tag reference_source)"),
     Group("stacks", "How much did optimizations help? Techniques combined in one trial",
           guard=lambda stack: SPEC_NEEDS_CROP if stack.kv_bits != 16 and stack.speculation != "none" else None,
-          runner="trials.stacks:run_stack", space="sweeps.spaces:stacks",
+          runner="trials.stacks:run_stack", space="sweeps.spaces:stacks", space_reads_store=True,
           section="dashboard.sections.stacks",
           reference="the base stack (fast precision, full cache, no speculation) for speed and memory "
                     "(tag baseline_source), the reference precision's greedy outputs and "
