@@ -64,6 +64,7 @@ TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors,
 # zoo's models; `python benchmarks/report.py` prints the growth each model showed in a store's
 # batching runs (README, "Why the sizes").
 BATCH_STEP_GROWTH = 0.07
+COMPILE_S = 40.0                  # torch.compile of the decode step in the warm-up (CPU, inductor)
 HQQ_FACTOR = 1.5                  # HQQ optimizes every group at prefill and every residual refill
 # Each level: (divisor of new tokens, divisor of prompts per type and perplexity windows, repeats
 # taken away). Level 0 is the profile as written.
@@ -292,7 +293,7 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
             total += w.max_new_tokens * config.repeats * prompts / 2 * s.num_draft_tokens * draft.decode_s
         if s.kv_bits != 16 or s.precision != reference_precision(config.model, config.device):
             total += forced * cost.decode_s / ref.decode_s
-        total += plain
+        total += plain + (COMPILE_S if s.compile else 0.0)
     else:
         total += plain
     total += reference(("load", config.model, s.precision), cost.load_s)

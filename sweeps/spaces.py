@@ -22,7 +22,6 @@ from pathlib import Path
 from trials import zoo
 from trials.config import Stack, TrialConfig, Workload
 from trials.errors import ConfigError
-from trials.factorial import stack_name
 from trials.kv_footprint import kv_footprint
 from trials.registry import get_model, zoo_targets
 
@@ -192,12 +191,13 @@ def speculative(models: list[str], profile: Profile, device: str) -> list[TrialC
     return configs
 
 
-# The stacks group: per target, the 2^3 design over weights (the fast precision on this device /
-# NF4), the KV cache (full / 4-bit quanto, the faster of the two 4-bit backends) and speculation
-# (off / the target's draft at k=STACKS_DRAFT_K, or prompt lookup where it has no draft), each
-# combination ONE trial at batch 1, base stack first (the others reuse its numbers in a worker).
-# The two cells with both a quantized cache and speculation cannot run (the group's guard says why)
-# and are refused here, with that reason in the log; trials.factorial leaves their interaction out.
+# The stacks group: per target, the 2^4 design over weights (the fast precision on this device /
+# NF4), the KV cache (full / 4-bit quanto, the faster of the two 4-bit backends), speculation (off /
+# the target's draft at its best k, or prompt lookup where it has no draft) and compiled decoding
+# (off / static cache + torch.compile), each combination ONE trial at batch 1, base stack first (the
+# others reuse its numbers in a worker). Combinations that cannot run (a quantized cache with
+# speculation or compile; speculation with compile: Stack.validate and the group's guard say why)
+# are refused here, with the reason in the log; trials.factorial leaves their interactions out.
 STACKS_KV = (4, "quanto")
 STACKS_DRAFT_K = 3
 
@@ -251,16 +251,20 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
             spec = dict(speculation="draft", draft_model=entry.default_draft, num_draft_tokens=k)
         else:
             spec = dict(speculation="prompt_lookup", num_draft_tokens=STACKS_DRAFT_K)
-        for weights, kv, speculation in itertools.product((False, True), repeat=3):
-            stack = Stack(precision="nf4" if weights else base,
-                          **(dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1],
-                                  kv_group_size=_kv_group_size(model)) if kv else {}),
-                          **(spec if speculation else {}))
+        refused: dict[str, list[str]] = {}
+        for weights, kv, speculation, compile_ in itertools.product((False, True), repeat=4):
             try:
+                stack = Stack(precision="nf4" if weights else base, compile=compile_,
+                              **(dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1],
+                                      kv_group_size=_kv_group_size(model)) if kv else {}),
+                              **(spec if speculation else {}))
                 configs.append(TrialConfig(group="stacks", model=model, device=device, stack=stack,
                                            workload=workload, repeats=max(2, profile.repeats)))
-            except ConfigError as exc:          # the group's guard: a combination that cannot run
-                log.warning("stacks: %s %s refused at plan time: %s", model, stack_name(stack), exc)
+            except ConfigError as exc:          # a combination that cannot run: say which and why
+                parts = ["nf4"] * weights + ["kv4"] * kv + ["spec"] * speculation + ["compile"] * compile_
+                refused.setdefault(str(exc), []).append("+".join(parts))
+        for reason, names in refused.items():
+            log.warning("stacks: %s: refused at plan time: %s (%s)", model, ", ".join(names), reason)
     return configs
 
 

@@ -22,7 +22,8 @@ from trials.hardware import fast_precision
 from trials.kv_footprint import kv_footprint
 from trials.run import run_trial
 
-FACTORS = ("weights", "kv", "spec")
+FACTORS = ("weights", "kv", "spec", "compile")
+SYNTHETIC = FACTORS[:3]
 TRUE = {"weights": 0.30, "kv": -0.10, "spec": 0.0, "weights x kv": 0.20, "weights x spec": 0.0,
         "kv x spec": 0.0}           # effects on log tok/s: mean(+) - mean(-)
 
@@ -32,17 +33,17 @@ def _synthetic(noise: float = 0.01, repeats: int = 4, drop=lambda x: False) -> p
     rng = random.Random(0)
     rows = []
     for levels in pd.MultiIndex.from_product([[-1, 1]] * 3):
-        x = dict(zip(FACTORS, levels))
+        x = dict(zip(SYNTHETIC, levels))
         if drop(x):
             continue
-        mean = math.log(100.0) + sum(TRUE[f] / 2 * x[f] for f in FACTORS) \
+        mean = math.log(100.0) + sum(TRUE[f] / 2 * x[f] for f in SYNTHETIC) \
             + TRUE["weights x kv"] / 2 * x["weights"] * x["kv"]
         logs = [mean + rng.gauss(0, noise) for _ in range(repeats)]
         m = sum(logs) / repeats
         rows.append({"model": "m", "log_tok_per_s_mean": m, "tok_per_s_repeats": float(repeats),
                      "log_tok_per_s_var": sum((v - m) ** 2 for v in logs) / (repeats - 1),
                      "peak_memory_bytes": 1e6 * math.exp(0.25 * x["weights"]),   # weights: x e^0.5
-                     **{f"tags.{FACTOR_TAG}{f}": str(int(x[f] > 0)) for f in FACTORS}})
+                     **{f"tags.{FACTOR_TAG}{f}": str(int(x[f] > 0)) for f in SYNTHETIC}})
     return pd.DataFrame(rows)
 
 
@@ -95,24 +96,30 @@ def test_the_space_is_the_design_per_target_with_stated_parts():
     configs = stacks_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
     assert {c.model for c in configs} == {"tiny-gqa"}
     cells = [stack_factors(c.stack) for c in configs]
-    assert len({tuple(f.values()) for f in cells}) == len(configs) == 6       # 8 less the 2 refused
-    assert not any(f["kv"] and f["spec"] for f in cells)
-    assert len({c.config_hash for c in configs}) == 6
+    assert len({tuple(f.values()) for f in cells}) == len(configs) == 8       # 16 less the 8 refused
+    assert not any(f["kv"] and f["spec"] or f["compile"] and (f["kv"] or f["spec"]) for f in cells)
+    assert len({c.config_hash for c in configs}) == 8
     base = configs[0].stack
     assert base == Stack(precision=fast_precision("cpu")) and stack_name(base) == fast_precision("cpu")
     spec = [c.stack for c in configs if c.stack.speculation != "none"]
     assert {(s.draft_model, s.num_draft_tokens) for s in spec} == {("tiny-draft", STACKS_DRAFT_K)}
     assert all(c.repeats >= 2 for c in configs)          # an interval needs two repeats
     assert [stack_name(c.stack) for c in configs][-1] == "nf4+kv4"
+    assert {"compile", "nf4+compile"} <= {stack_name(c.stack) for c in configs}
 
 
-def test_a_quantized_cache_with_speculation_is_refused_with_the_reason():
+def test_combinations_that_cannot_run_are_refused_with_the_reason():
     with pytest.raises(ConfigError, match="QuantizedCache cannot be cropped"):
         _stack_config(False, True, True)
+    with pytest.raises(ConfigError, match="static cache, which neither a quantized KV cache nor speculation"):
+        _stack_config(False, False, True, compile_=True)
+    with pytest.raises(ConfigError, match="no KV-cache quantization, speculation or compiled decoding"):
+        TrialConfig(group="baseline", model="tiny-gqa", stack=Stack(compile=True))
 
 
-def _stack_config(weights: bool, kv: bool, spec: bool, model: str = "tiny-gqa") -> TrialConfig:
-    stack = Stack(precision="nf4" if weights else fast_precision("cpu"),
+def _stack_config(weights: bool, kv: bool, spec: bool, model: str = "tiny-gqa",
+                  compile_: bool = False) -> TrialConfig:
+    stack = Stack(precision="nf4" if weights else fast_precision("cpu"), compile=compile_,
                   **(dict(kv_bits=4, kv_backend="quanto", kv_group_size=32) if kv else {}),
                   **(dict(speculation="draft", draft_model="tiny-draft", num_draft_tokens=2) if spec else {}))
     return TrialConfig(group="stacks", model=model, stack=stack, workload=Workload("mixed", 1, 12), repeats=2)
@@ -123,7 +130,7 @@ def test_a_combined_stack_is_one_trial_with_every_part_at_work(tiny_zoo):
     assert result.status == "FINISHED", result.error
     m, tags = result.metrics, result.tags
     assert tags["stack_name"] == "nf4+kv4"
-    assert [tags[f"{FACTOR_TAG}{f}"] for f in FACTORS] == ["1", "1", "0"]
+    assert [tags[f"{FACTOR_TAG}{f}"] for f in FACTORS] == ["1", "1", "0", "0"]
     # 4-bit weights: far fewer bytes than the base precision's
     base_bytes = models.load("tiny-gqa", fast_precision("cpu"), "cpu").model
     assert m["weights_bytes"] < sum(p.numel() for p in base_bytes.parameters()) * 2
@@ -149,21 +156,31 @@ def test_speculation_alone_is_lossless_against_the_base(tiny_zoo):
 
 @pytest.fixture(scope="module")
 def stacks_store(tiny_zoo, tmp_path_factory) -> str:
-    """The stacks design of tiny-gqa (6 cells: kv and spec never together), run in this process and
-    logged through the real tracking API."""
+    """The stacks design of tiny-gqa without nf4+compile (7 cells; kv, spec and compile never
+    together), run in this process and logged through the real tracking API."""
     uri = tracking.resolve_uri(f"sqlite:///{tmp_path_factory.mktemp('stacks')}/mlflow.db")
     tracking.prepare_store(uri)
     for weights in (False, True):
         for kv, spec in ((False, False), (True, False), (False, True)):
             tracking.log_trial(uri, run_trial(_stack_config(weights, kv, spec)))
+    tracking.log_trial(uri, run_trial(_stack_config(False, False, False, compile_=True)))
     return uri
+
+
+def test_compiled_decoding_compiles_in_the_warm_up_and_keeps_the_outputs(stacks_store):
+    frame = tracking.runs_frame(stacks_store, "stacks").set_index("tags.stack_name")
+    compiled = frame.loc["compile"]
+    assert "torch.compile" in compiled["tags.parts"] and compiled["compile_warmup_s"] > 0
+    assert compiled["compile_warmup_s"] > frame.loc[fast_precision("cpu"), "warmup_s"]
+    assert getattr(models.load("tiny-gqa", fast_precision("cpu"), "cpu").model, "_compiled_call", None) is not None
+    assert 0.9 <= compiled["fidelity_token_match"] <= 1 and compiled["tok_per_s"] > 0
 
 
 def test_the_three_pieces_render_and_match_the_store(stacks_store, browser, tmp_path):
     from ui import figure, serve, table, text
 
     frame = tracking.runs_frame(stacks_store, "stacks")
-    assert len(frame) == 6
+    assert len(frame) == 7
     with serve(stacks_store, tmp_path) as url:
         browser.get(url)
         overview = figure(browser, "stacks-overview")
@@ -172,12 +189,12 @@ def test_the_three_pieces_render_and_match_the_store(stacks_store, browser, tmp_
         card = table(browser, "stacks-best")
         caption = text(browser, "stacks-caption")
     by_name = dict(zip(frame["tags.stack_name"], frame["tok_per_s"]))
-    assert overview["points_drawn"] >= 6
+    assert overview["points_drawn"] >= 7
     assert sorted(overview["traces"][0]["x"]) == pytest.approx(sorted(by_name.values()))
     stacks_trace = next(t for t in frontier["traces"] if t["name"] == "stacks")
     assert sorted(stacks_trace["x"]) == pytest.approx(sorted(by_name.values()))
     terms = {t["name"]: t["y"] for t in forest["traces"]}
-    assert set(terms["effect on tok/s"]) == {"weights", "kv", "spec", "weights x kv", "weights x spec"}
+    assert set(terms["effect on tok/s"]) == {"weights", "kv", "spec", "compile", "weights x kv", "weights x spec"}
     found = {e.term: e.ratio for e in effects(frame)[0] if e.response == "tok_per_s"}
     throughput = next(t for t in forest["traces"] if t["name"] == "effect on tok/s")
     assert dict(zip(throughput["y"], throughput["x"])) == pytest.approx(found)
@@ -188,7 +205,7 @@ def test_the_three_pieces_render_and_match_the_store(stacks_store, browser, tmp_
     assert stack[0].split(":")[0] in set(frame["tags.stack_name"])
     assert fastest["tags.stack_name"] == stack[0].split(":")[0] or fastest["fidelity_token_match"] < 0.95 \
         or fastest.get("kl_divergence", 0) > 0.05
-    assert "6 finished stacks" in caption and "not a sum of separate ones" in caption
+    assert "7 finished stacks" in caption and "not a sum of separate ones" in caption
     assert "QuantizedCache cannot be cropped" in caption
 
 

@@ -48,6 +48,7 @@ class Stack:
     draft_model: str | None = None
     num_draft_tokens: int = 0
     batch_size: int = 1
+    compile: bool = False             # compiled decoding: a static cache + torch.compile (trials.compiled)
 
     def validate(self) -> None:
         _check(self.precision in PRECISIONS,
@@ -81,6 +82,11 @@ class Stack:
                    f"(transformers' assisted generation), got {self.batch_size}")
         if self.speculation == "draft":
             _check(bool(self.draft_model), "speculation 'draft' needs a draft_model")
+        _check(isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}")
+        if self.compile:
+            _check(self.kv_bits == 16 and self.speculation == "none",
+                   "compiled decoding runs on transformers' static cache, which neither a quantized KV "
+                   "cache nor speculation (it must crop its cache) can use")
 
     @property
     def label(self) -> str:
@@ -94,6 +100,8 @@ class Stack:
             parts.append(f"lookup(k={self.num_draft_tokens})")
         if self.batch_size != 1:
             parts.append(f"b{self.batch_size}")
+        if self.compile:
+            parts.append("compile")
         return "+".join(parts)
 
 

@@ -35,13 +35,13 @@ import pandas as pd
 
 FACTOR_TAG = "factor."          # tags.factor.<name> = "0" | "1" on every stacks run
 FOUR_BIT = ("nf4", "gptq")
-FACTORS = ("weights", "kv", "spec")     # the design's factors, in the order charts list them
+FACTORS = ("weights", "kv", "spec", "compile")    # the design's factors, in the order charts list them
 
 
 def stack_factors(stack) -> dict[str, bool]:
     """Which of the design's binary factors a stack turns on (off: the base stack's level)."""
     return {"weights": stack.precision in FOUR_BIT, "kv": stack.kv_bits != 16,
-            "spec": stack.speculation != "none"}
+            "spec": stack.speculation != "none", "compile": stack.compile}
 
 
 def stack_name(stack) -> str:
@@ -54,6 +54,8 @@ def stack_name(stack) -> str:
         parts.append("spec")
     if stack.batch_size != 1:
         parts.append(f"b{stack.batch_size}")
+    if stack.compile:
+        parts.append("compile")
     return "+".join(parts) or stack.precision
 
 

@@ -32,9 +32,9 @@ from trials.errors import ConfigError
 
 def _only_weights_and_batch(group: str) -> Callable:
     def guard(stack) -> str | None:
-        if stack.kv_bits != 16 or stack.speculation != "none":
+        if stack.kv_bits != 16 or stack.speculation != "none" or stack.compile:
             return (f"the {group} group varies weight precision and batch size only (no KV-cache "
-                    f"quantization or speculation), got stack {stack.label}")
+                    f"quantization, speculation or compiled decoding), got stack {stack.label}")
         return None
     return guard
 
@@ -128,6 +128,7 @@ GROUPS: tuple[Group, ...] = (
     Group("stacks", "How much did optimizations help? Techniques combined in one trial",
           guard=lambda stack: SPEC_NEEDS_CROP if stack.kv_bits != 16 and stack.speculation != "none" else None,
           runner="trials.stacks:run_stack", space="sweeps.spaces:stacks", space_reads_store=True,
+          generate_hook="trials.compiled:generate_kwargs",
           section="dashboard.sections.stacks",
           reference="the base stack (fast precision, full cache, no speculation) for speed and memory "
                     "(tag baseline_source), the reference precision's greedy outputs and "

@@ -91,7 +91,7 @@ def _generate(loaded: models.LoadedModel, batch: list[Prompt], new_tokens: int,
         prompt_ids=[p.id for p in batch], prompt_tokens=prompt_len,
         ttft_s=timer.ttft_s, decode_s=timer.decode_s,
         new_tokens=generated.shape[1], decode_tokens=timer.decode_tokens,
-        kv_cache_bytes=kv_cache_bytes(cache), kv_cache_tokens=cache.get_seq_length(),
+        kv_cache_bytes=kv_cache_bytes(cache), kv_cache_tokens=int(cache.get_seq_length()),
         output_ids=generated.tolist(),
         texts=tokenizer.batch_decode(generated, skip_special_tokens=True),
     )
@@ -115,12 +115,13 @@ def _kv_bytes_exact(model: torch.nn.Module, record: BatchRecord) -> tuple[int | 
 
 
 def _repeat_statistics(throughput: list[float]) -> dict[str, float]:
-    """The repeats' spread as a 95 % t-interval of the mean tok/s (two repeats or more), and the
-    mean and variance of log tok/s that effect estimates combine (``trials.factorial``)."""
+    """The repeats' spread as a 95 % t-interval (two repeats or more), taken on log tok/s and
+    mapped back, so it stays positive and matches how effects are estimated (``trials.factorial``);
+    and the mean and variance of log tok/s that those estimates combine."""
     logs = [math.log(t) for t in throughput]
     stats = {"tok_per_s_repeats": float(len(logs)), "log_tok_per_s_mean": statistics.mean(logs)}
     if len(logs) > 1:
-        low, high = t_interval(throughput)
+        low, high = (math.exp(v) for v in t_interval(logs))
         stats.update(tok_per_s_ci_low=low, tok_per_s_ci_high=high,
                      log_tok_per_s_var=statistics.variance(logs))
     return stats

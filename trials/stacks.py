@@ -1,10 +1,11 @@
 """Optimization stacks: techniques combined in ONE trial, compared with the same model's plain stack.
 
-A stack here is weight precision + KV-cache quantization + speculation (+ batch size), loaded and
-generated together through the one measurement loop: the weights come quantized from
-``models.load``, and ``generate()`` gets every technique's arguments at once
-(``trials.groups.generate_kwargs``: the quantized cache and the draft model or prompt lookup). A
-combination's number is never a sum or product of separate trials.
+A stack here is weight precision + KV-cache quantization + speculation + compiled decoding (+ batch
+size), loaded and generated together through the one measurement loop: the weights come quantized
+from ``models.load``, and ``generate()`` gets every technique's arguments at once
+(``trials.groups.generate_kwargs``: the quantized cache, the draft model or prompt lookup, the static
+cache and compile config of ``trials.compiled``). A combination's number is never a sum or product
+of separate trials.
 
 Each trial is compared with two references, both measured once per worker, model and workload (and
 reused for ``REFERENCE_MAX_AGE_S``, said in the tags):
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trials import groups, models
+from trials import compiled, groups, models
 from trials.config import Runtime, Stack, TrialConfig
 from trials.factorial import FACTOR_TAG, stack_factors, stack_name
 from trials.hardware import fast_precision
@@ -134,6 +135,8 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     m["baseline_tok_per_s"] = base.tok_per_s
     m["speedup_vs_baseline"] = m["tok_per_s"] / base.tok_per_s
     m["memory_vs_baseline"] = m["peak_memory_bytes"] / base.peak_memory_bytes
+    if stack.compile:
+        m["compile_warmup_s"] = measured.warmup_s          # the warm-up compiled the decode step
     return result
 
 
@@ -148,4 +151,6 @@ def describe(config: TrialConfig) -> str:
         parts.append(f"prompt lookup, k={s.num_draft_tokens}")
     if s.batch_size != 1:
         parts.append(f"batch {s.batch_size}")
+    if s.compile:
+        parts.append(compiled.describe())
     return "; ".join(parts)

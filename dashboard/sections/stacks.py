@@ -175,9 +175,10 @@ def within_quality(rows: pd.DataFrame) -> pd.Series:
 def reproduce(row: pd.Series) -> tuple[str, str]:
     """(the command that reruns this trial, the arguments that turn the stack on in user code)."""
     stack = {k: row[k] for k in ("precision", "kv_bits", "kv_backend", "speculation", "draft_model",
-                                 "num_draft_tokens", "batch_size") if k in row and pd.notna(row[k])}
+                                 "num_draft_tokens", "batch_size", "compile") if k in row and pd.notna(row[k])}
     config = {"group": "stacks", "model": row["model"], "device": row.get("device", "cpu"),
-              "stack": {k: (int(float(v)) if k in ("kv_bits", "num_draft_tokens", "batch_size") else v)
+              "stack": {k: (int(float(v)) if k in ("kv_bits", "num_draft_tokens", "batch_size") else
+                            (str(v) == "True") if k == "compile" else v)
                         for k, v in stack.items() if not (k == "draft_model" and v in ("None", ""))}}
     command = f"python -m trials.run --config '{json.dumps(config)}'"
     load, generate = [], []
@@ -195,6 +196,8 @@ def reproduce(row: pd.Series) -> tuple[str, str]:
                         f"{int(float(stack['num_draft_tokens']))}")
     elif stack.get("speculation") == "prompt_lookup":
         generate.append(f"prompt_lookup_num_tokens={int(float(stack['num_draft_tokens']))}")
+    if str(stack.get("compile")) == "True":
+        generate.append('cache_implementation="static", compile_config=CompileConfig()')
     code = f"from_pretrained(..., {', '.join(load)}); generate(..., {', '.join(generate) or 'do_sample=False'})"
     return command, code
 
@@ -262,10 +265,12 @@ def caption(frame: pd.DataFrame) -> str:
     failed = frame[frame["status"] == "FAILED"] if "status" in frame.columns else frame.iloc[:0]
     return (f"{len(rows)} finished stacks over {rows['model'].nunique()} model(s); each point is one "
             f"combined trial (not a sum of separate ones). Throughput: median decode tok/s over "
-            f"{count_range(rows, 'repeats')} repeats with a 95 % t-interval, batch "
+            f"{count_range(rows, 'repeats')} repeats with a 95 % t-interval (on log tok/s), batch "
             f"{count_range(rows, 'batch_size')}, {count_range(rows, 'max_new_tokens')} greedy tokens per "
             f"prompt. Effects: a 2^n design over {factors}, on log tok/s (interval from the repeats) and log "
             f"peak memory (one peak per trial, no interval). Quality against each model's reference "
             f"precision (tag reference_precision); speed and memory against the base stack."
             + (f" {len(failed)} combination(s) FAILED and are listed in the best-stack table." if len(failed) else "")
-            + f" Refused at plan time: a quantized KV cache with speculation ({SPEC_NEEDS_CROP}).")
+            + f" Refused at plan time: a quantized KV cache with speculation ({SPEC_NEEDS_CROP}); "
+              "compiled decoding with either (it needs transformers' static cache). Compiled stacks "
+              "compile in the warm-up (compile_warmup_s), never in the timed passes.")

@@ -1,0 +1,49 @@
+"""Compiled decoding: transformers' static KV cache with ``torch.compile`` of the decoding step.
+
+What GPU users reach for first. ``generate(cache_implementation="static", compile_config=...)``
+preallocates the cache and compiles the model's forward for the one-token decode step (inductor;
+on CPU it generates C++ and needs a compiler, ``g++``). The prefill runs uncompiled.
+
+To compile once per trial rather than once per prompt, the cache is sized for the trial's worst
+case (``max_cache_len``: the longest prompt plus the new tokens), so every call, the loop's warm-up
+included, decodes with the same shapes. The compilation therefore happens in the warm-up, which the
+loop times apart (``warmup_s``: it holds the compile time) and never counts in ``tok_per_s``.
+Transformers auto-compiles only on CUDA unless told otherwise; ``_compile_all_devices`` tells it to
+compile here too, so the same code path is measured on CPU and on CUDA.
+"""
+
+from __future__ import annotations
+
+from trials import models
+from trials.config import TrialConfig
+from trials.loop import trial_prompts
+
+BACKEND, MODE = "inductor", "default"
+
+
+def compile_config():
+    from transformers.generation import CompileConfig
+
+    config = CompileConfig(fullgraph=False, dynamic=False, backend=BACKEND, mode=MODE)
+    config._compile_all_devices = True          # transformers compiles on CUDA only by default
+    return config
+
+
+def max_cache_len(config: TrialConfig, loaded: models.LoadedModel) -> int:
+    """The longest prompt of the trial in tokens, plus its new tokens: one cache shape for all."""
+    prompts = trial_prompts(config, loaded)
+    longest = max(len(loaded.tokenizer(p.text)["input_ids"]) for p in prompts)
+    return longest + config.workload.max_new_tokens
+
+
+def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
+    """What ``generate()`` needs for compiled decoding (nothing without ``stack.compile``)."""
+    if not config.stack.compile:
+        return {}
+    return {"cache_implementation": "static", "compile_config": compile_config(),
+            "max_cache_len": max_cache_len(config, loaded)}
+
+
+def describe() -> str:
+    return (f"static cache + torch.compile ({BACKEND}, mode {MODE}) of the decode step; compiled in "
+            f"the warm-up (warmup_s)")
