@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine (see README):
 #   make run    venv + dependencies + offline zoo + the quick sweep (python sweeps/full.py)
-#   make test   venv + dependencies + headless Chromium + the CPU test suite
+#   make test   venv + dependencies + headless Chromium and g++ + the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -21,10 +21,12 @@ setup: $(VENV)/.installed
 run: setup
 	$(PY) sweeps/full.py $(ARGS)
 
+# Debian packages the tests need: headless Chromium for the dashboard, g++ for torch.compile (inductor
+# generates C++ on CPU: the stacks group's compiled decoding).
 browser:
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v g++ >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver g++; }
 
 test: setup browser
 	$(PY) -m pytest $(ARGS); rc=$$?; \

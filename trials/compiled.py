@@ -14,8 +14,11 @@ compile here too, so the same code path is measured on CPU and on CUDA.
 
 from __future__ import annotations
 
+import shutil
+
 from trials import models
 from trials.config import TrialConfig
+from trials.errors import ConfigError
 from trials.loop import trial_prompts
 
 BACKEND, MODE = "inductor", "default"
@@ -40,6 +43,9 @@ def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
     """What ``generate()`` needs for compiled decoding (nothing without ``stack.compile``)."""
     if not config.stack.compile:
         return {}
+    if config.device == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+        raise ConfigError("compiled decoding on CPU needs a C++ compiler (inductor generates C++): "
+                          "apt-get install g++")
     return {"cache_implementation": "static", "compile_config": compile_config(),
             "max_cache_len": max_cache_len(config, loaded)}
 
