@@ -104,11 +104,18 @@ def deep_dive(section, frame) -> list:
     if not choices:
         return []
     group = section.GROUP
+    controls = getattr(section, "DEEP_DIVE_CONTROLS", {})
+    inputs = [html.Label([f"{label}: ", dcc.Input(id=f"{group}-{name}", type="number", value=default,
+                                                  step=step, debounce=True, style={"width": "6em"})],
+                         style={"marginLeft": "1.5em"})
+              for name, (label, default, step) in controls.items()]
+    defaults = {name: default for name, (_, default, _) in controls.items()}
     return [
         html.H3(getattr(section, "DEEP_DIVE_TITLE", "Per-model deep dive")),
-        html.Label(["Model: ", dcc.Dropdown(id=f"{group}-model", options=choices, value=choices[0],
-                                            clearable=False, style={"width": "20em"})]),
-        html.Div(_graphs(section.deep_dive(frame, choices[0])), id=f"{group}-deep-dive"),
+        html.Div([html.Label(["Model: ", dcc.Dropdown(id=f"{group}-model", options=choices, value=choices[0],
+                                                      clearable=False, style={"width": "20em"})]), *inputs],
+                 style={"display": "flex", "alignItems": "center", "flexWrap": "wrap"}),
+        html.Div(_graphs(section.deep_dive(frame, choices[0], **defaults)), id=f"{group}-deep-dive"),
     ]
 
 
@@ -146,10 +153,18 @@ def create_app(tracking_uri: str) -> dash.Dash:
 
 
 def _register_deep_dive(app: dash.Dash, section, uri: str) -> None:
+    """The model selector, and any ``DEEP_DIVE_CONTROLS`` (numbers passed to ``deep_dive`` by name;
+    an emptied box falls back to its default), re-draw the deep dive."""
+    controls = getattr(section, "DEEP_DIVE_CONTROLS", {})
+
     @app.callback(Output(f"{section.GROUP}-deep-dive", "children"),
-                  Input(f"{section.GROUP}-model", "value"), prevent_initial_call=True)
-    def redraw(model):
-        return _graphs(section.deep_dive(section_frame(section, uri), model))
+                  Input(f"{section.GROUP}-model", "value"),
+                  *[Input(f"{section.GROUP}-{name}", "value") for name in controls],
+                  prevent_initial_call=True)
+    def redraw(model, *values):
+        chosen = {name: default if value is None else value
+                  for (name, (_, default, _)), value in zip(controls.items(), values)}
+        return _graphs(section.deep_dive(section_frame(section, uri), model, **chosen))
 
 
 def main(argv: list[str] | None = None) -> int:

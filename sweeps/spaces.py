@@ -200,6 +200,7 @@ def speculative(models: list[str], profile: Profile, device: str) -> list[TrialC
 # are refused here, with the reason in the log; trials.factorial leaves their interactions out.
 STACKS_KV = (4, "quanto")
 STACKS_DRAFT_K = 3
+STACKS_BATCH = 4
 
 
 def _kv_group_size(model: str) -> int:
@@ -265,6 +266,13 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
                 refused.setdefault(str(exc), []).append("+".join(parts))
         for reason, names in refused.items():
             log.warning("stacks: %s: refused at plan time: %s (%s)", model, ", ".join(names), reason)
+        # beside the design, the batch: aggregate tok/s of STACKS_BATCH rows per step, plain and with
+        # the smallest weights and cache (speculation and compile stay at batch 1 here)
+        kv4 = dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1], kv_group_size=_kv_group_size(model))
+        for extra in (Stack(precision=base, batch_size=STACKS_BATCH),
+                      Stack(precision="nf4", batch_size=STACKS_BATCH, **kv4)):
+            configs.append(TrialConfig(group="stacks", model=model, device=device, stack=extra,
+                                       workload=workload, repeats=max(2, profile.repeats)))
     return configs
 
 

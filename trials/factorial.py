@@ -112,6 +112,8 @@ def factor_columns(frame: pd.DataFrame) -> list[str]:
 def cells(frame: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
     """One model's runs coded -1/+1 in columns named after the factors, the latest run per cell."""
     coded = frame.copy()
+    if "batch_size" in coded:                   # batched stacks sit beside the design, not in it
+        coded = coded[pd.to_numeric(coded["batch_size"]) == 1]
     for name in factors:
         coded[name] = coded[f"tags.{FACTOR_TAG}{name}"].astype(str).map({"0": -1, "1": 1})
     coded = coded.dropna(subset=factors)

@@ -6,7 +6,9 @@ name), ``TITLE``, ``BLURB`` (one sentence: the question it answers) and
 ``figures(frame) -> [(component id, plotly figure)]``; and it may define the optional hooks in
 ``OPTIONAL_HOOKS``: ``caption(frame) -> str`` (what the numbers are), ``RUN_STATUS`` (which runs it
 charts; None: all, with a ``status`` column), ``deep_dive(frame, model)`` with ``DEEP_DIVE_TITLE`` and
-``deep_dive_models(frame)`` (per-model charts under a selector). ``frame`` is ``tracking.runs_frame``
+``deep_dive_models(frame)`` (per-model charts under a selector), and ``DEEP_DIVE_CONTROLS``
+(``{name: (label, default, step)}``: number boxes beside the selector, passed to ``deep_dive`` by
+name). ``frame`` is ``tracking.runs_frame``
 of the group; an empty list of figures means "nothing to show yet" and the app lays out the empty
 state. ``check_section`` enforces the protocol when the page is built: a missing or mistyped
 attribute, or a public name one typo away from a hook (``captions``, ``deepdive``), is an error
@@ -36,7 +38,7 @@ class Section(Protocol):
 
 REQUIRED = {"GROUP": str, "TITLE": str, "BLURB": str, "figures": Callable}
 OPTIONAL_HOOKS = {"caption": Callable, "RUN_STATUS": (str, type(None)), "deep_dive": Callable,
-                  "DEEP_DIVE_TITLE": str, "deep_dive_models": Callable}
+                  "DEEP_DIVE_TITLE": str, "deep_dive_models": Callable, "DEEP_DIVE_CONTROLS": dict}
 HOOKS = {**REQUIRED, **OPTIONAL_HOOKS}
 
 

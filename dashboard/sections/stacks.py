@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, fields
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from dashboard.sections.common import MB, PROVENANCE_HOVER, count_range, has, latest, provenance
+from trials.config import Stack, TrialConfig, Workload
 from trials.factorial import effects, factor_columns
 from trials.groups import SPEC_NEEDS_CROP
 
@@ -35,8 +37,11 @@ RUN_STATUS = None                     # FAILED combinations are named, not hidde
 OVERVIEW_ID = "stacks-overview"
 FRONTIER_ID, EFFECTS_ID, CARD_ID = "stacks-frontier", "stacks-effects", "stacks-best"
 # A stack counts as "within quality" when its greedy tokens match the reference on at least this
-# share of positions and (where it has one) its mean KL divergence is at most this many nats.
+# share of positions and (where it has one) its mean KL divergence is at most this many nats; the
+# user sets both in the boxes beside the model selector.
 QUALITY_BUDGET = {"fidelity_token_match": 0.95, "kl_divergence": 0.05}
+DEEP_DIVE_CONTROLS = {"min_token_match": ("quality budget: min token match", QUALITY_BUDGET["fidelity_token_match"], 0.01),
+                      "max_kl": ("max KL (nats)", QUALITY_BUDGET["kl_divergence"], 0.01)}
 LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=20, t=60, b=50), height=440)
 COLORS = qualitative.Plotly
 NEEDED = ("model", "tok_per_s", "peak_memory_bytes", "tags.stack_name")
@@ -163,24 +168,43 @@ def effects_chart(frame: pd.DataFrame, model: str) -> go.Figure:
     return figure
 
 
-def within_quality(rows: pd.DataFrame) -> pd.Series:
+def within_quality(rows: pd.DataFrame, budget: dict[str, float]) -> pd.Series:
     ok = pd.Series(True, index=rows.index)
-    for column, bound in QUALITY_BUDGET.items():
+    for column, bound in budget.items():
         if column in rows.columns:
             values = pd.to_numeric(rows[column], errors="coerce")
             ok &= values.isna() | ((values >= bound) if column == "fidelity_token_match" else (values <= bound))
     return ok
 
 
+def _typed(cls, row: pd.Series):
+    """A ``Stack`` or ``Workload`` from a run's params (strings), typed by the field's default."""
+    values = {}
+    for f in fields(cls):
+        value = row.get(f.name)
+        if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+            continue
+        default = getattr(cls(), f.name)
+        if isinstance(default, bool):
+            value = str(value) == "True"
+        elif isinstance(default, int):
+            value = int(float(value))
+        values[f.name] = value
+    return cls(**values)
+
+
+def trial_config(row: pd.Series) -> TrialConfig:
+    """The run's exact config, rebuilt from its params (its config_hash is the run's)."""
+    return TrialConfig(group=GROUP, model=str(row["model"]), device=str(row.get("device", "cpu")),
+                       repeats=int(float(row["repeats"])), seed=int(float(row.get("seed", 0))),
+                       stack=_typed(Stack, row), workload=_typed(Workload, row))
+
+
 def reproduce(row: pd.Series) -> tuple[str, str]:
     """(the command that reruns this trial, the arguments that turn the stack on in user code)."""
-    stack = {k: row[k] for k in ("precision", "kv_bits", "kv_backend", "speculation", "draft_model",
-                                 "num_draft_tokens", "batch_size", "compile") if k in row and pd.notna(row[k])}
-    config = {"group": "stacks", "model": row["model"], "device": row.get("device", "cpu"),
-              "stack": {k: (int(float(v)) if k in ("kv_bits", "num_draft_tokens", "batch_size") else
-                            (str(v) == "True") if k == "compile" else v)
-                        for k, v in stack.items() if not (k == "draft_model" and v in ("None", ""))}}
-    command = f"python -m trials.run --config '{json.dumps(config)}'"
+    config = trial_config(row)
+    command = f"python -m trials.run --config '{json.dumps(config.to_dict())}'"
+    stack = {k: v for k, v in asdict(config.stack).items() if v is not None}
     load, generate = [], []
     precision = str(stack.get("precision"))
     if precision in ("nf4", "int8"):
@@ -188,9 +212,10 @@ def reproduce(row: pd.Series) -> tuple[str, str]:
         load.append(f"quantization_config=BitsAndBytesConfig({bnb})")
     elif precision in ("bf16", "fp16", "fp32"):
         load.append(f"dtype=torch.{dict(bf16='bfloat16', fp16='float16', fp32='float32')[precision]}")
-    if int(float(stack.get("kv_bits", 16))) != 16:
-        generate.append(f"cache_implementation=\"quantized\", cache_config={{\"backend\": \"{stack['kv_backend']}\", "
-                        f"\"nbits\": {int(float(stack['kv_bits']))}}}")
+    if config.stack.kv_bits != 16:
+        settings = {"backend": config.stack.kv_backend, "nbits": config.stack.kv_bits,
+                    "q_group_size": config.stack.kv_group_size, "residual_length": config.stack.kv_residual_length}
+        generate.append(f'cache_implementation="quantized", cache_config={json.dumps(settings)}')
     if stack.get("speculation") == "draft":
         generate.append(f"assistant_model=<{stack.get('draft_model')}>, num_assistant_tokens="
                         f"{int(float(stack['num_draft_tokens']))}")
@@ -202,8 +227,9 @@ def reproduce(row: pd.Series) -> tuple[str, str]:
     return command, code
 
 
-def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame) -> go.Figure:
-    ok = rows[within_quality(rows)]
+def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame,
+              budget: dict[str, float] = QUALITY_BUDGET) -> go.Figure:
+    ok = rows[within_quality(rows, budget)]
     picks = []
     if not ok.empty:
         picks.append(("fastest within the quality budget", ok.loc[ok["tok_per_s"].astype(float).idxmax()]))
@@ -224,9 +250,9 @@ def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame) -> go.Figure
         cells[3].append("")
     figure = go.Figure(go.Table(header=dict(values=["", "stack", "reproduce", "turn it on in your code"]),
                                 cells=dict(values=cells, align="left"), columnwidth=[1.2, 3, 3, 3]))
-    budget = ", ".join(f"{k} {'>=' if k == 'fidelity_token_match' else '<='} {v}" for k, v in QUALITY_BUDGET.items())
-    figure.update_layout(title=f"{model}: best stack (quality budget: {budget})" if picks else
-                         f"{model}: no stack within the quality budget ({budget})",
+    text = ", ".join(f"{k} {'>=' if k == 'fidelity_token_match' else '<='} {v:g}" for k, v in budget.items())
+    figure.update_layout(title=f"{model}: best stack (quality budget: {text})" if picks else
+                         f"{model}: no stack within the quality budget ({text})",
                          template="plotly_white", margin=dict(l=20, r=20, t=60, b=20), height=320)
     return figure
 
@@ -245,7 +271,8 @@ def deep_dive_models(frame: pd.DataFrame) -> list[str]:
     return sorted(_finished(frame)["model"].dropna().unique())
 
 
-def deep_dive(frame: pd.DataFrame, model: str) -> list[tuple[str, go.Figure]]:
+def deep_dive(frame: pd.DataFrame, model: str, min_token_match: float = QUALITY_BUDGET["fidelity_token_match"],
+              max_kl: float = QUALITY_BUDGET["kl_divergence"]) -> list[tuple[str, go.Figure]]:
     if not has(frame, *NEEDED):
         return []
     mine = frame[frame["model"] == model]
@@ -254,7 +281,8 @@ def deep_dive(frame: pd.DataFrame, model: str) -> list[tuple[str, go.Figure]]:
         return []
     failed = latest(mine[mine["status"] == "FAILED"], ["tags.stack_name"]) if "status" in mine else mine.iloc[:0]
     return [(FRONTIER_ID, frontier(rows, model)), (EFFECTS_ID, effects_chart(frame, model)),
-            (CARD_ID, best_card(rows, model, failed))]
+            (CARD_ID, best_card(rows, model, failed, {"fidelity_token_match": float(min_token_match),
+                                                       "kl_divergence": float(max_kl)}))]
 
 
 def caption(frame: pd.DataFrame) -> str:
