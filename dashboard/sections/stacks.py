@@ -100,9 +100,10 @@ def pareto_front(rows: pd.DataFrame) -> pd.Series:
                       for f, s in zip(fast, small)], index=rows.index)
 
 
-def _scatter(rows: pd.DataFrame, name: str, color: str) -> go.Scatter:
+def _scatter(rows: pd.DataFrame, name: str, color: str, labels: bool = True) -> go.Scatter:
     return go.Scatter(name=name, x=[float(v) for v in rows["tok_per_s"]], y=[float(v) for v in rows["peak_mb"]],
-                      mode="markers+text", text=list(rows["name"]), textposition="top center",
+                      mode="markers+text" if labels else "markers", text=list(rows["name"]),
+                      textposition="top center",
                       marker=dict(size=10, color=color), error_x=_error_x(rows),
                       customdata=_customdata(rows),
                       hovertemplate=STACK_HOVER + PROVENANCE_HOVER + "<extra></extra>")
@@ -111,7 +112,7 @@ def _scatter(rows: pd.DataFrame, name: str, color: str) -> go.Scatter:
 def overview(rows: pd.DataFrame) -> go.Figure:
     figure = go.Figure()
     for i, (model, part) in enumerate(rows.groupby("model")):
-        figure.add_trace(_scatter(part, model, COLORS[i % len(COLORS)]))
+        figure.add_trace(_scatter(part, model, COLORS[i % len(COLORS)], labels=False))   # names on hover
     figure.update_layout(title="Speed vs memory, by optimization stack (right = faster · lower = less "
                                "memory · bottom-right is best)",
                          xaxis_title="decode tok/s (95 % interval over repeats)", yaxis_title="peak memory MB",
@@ -161,7 +162,8 @@ def effects_chart(frame: pd.DataFrame, model: str) -> go.Figure:
     if not found:
         title = f"{model}: no effect estimates: {notes.get(model, 'no design')}"
     elif notes.get(model):
-        title += f"<br><sup>{notes[model]}</sup>"
+        missing = [n.split(":")[0] for n in notes[model].removeprefix("not estimable: ").split("; ")]
+        title += f"<br><sup>not estimable (never run together): {', '.join(missing)}</sup>"
     figure.add_vline(x=1.0, line_dash="dash", line_color="gray")
     figure.update_layout(title=title, xaxis_type="log", xaxis_title="multiplicative effect (log scale)",
                          yaxis=dict(autorange="reversed"), **LAYOUT)
@@ -243,6 +245,12 @@ def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame,
                         f"speed, x{float(row.get('memory_vs_baseline', float('nan'))):.2f} memory vs base; {_quality(row)}")
         cells[2].append(command)
         cells[3].append(code)
+    if not picks and not rows.empty:
+        closest = rows.loc[pd.to_numeric(rows.get("fidelity_token_match"), errors="coerce").fillna(-1).idxmax()]
+        cells[0].append("nothing within the budget")
+        cells[1].append(f"closest: {closest['name']}, {_quality(closest)}")
+        cells[2].append("loosen the budget in the boxes above to see the best stacks within it")
+        cells[3].append("")
     for _, row in failed.iterrows():
         cells[0].append("FAILED")
         cells[1].append(str(row.get("tags.stack_name", row.get("stack", "?"))))
