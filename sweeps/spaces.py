@@ -252,12 +252,12 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
             spec = dict(speculation="draft", draft_model=entry.default_draft, num_draft_tokens=k)
         else:
             spec = dict(speculation="prompt_lookup", num_draft_tokens=STACKS_DRAFT_K)
+        kv4 = dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1], kv_group_size=_kv_group_size(model))
         refused: dict[str, list[str]] = {}
         for weights, kv, speculation, compile_ in itertools.product((False, True), repeat=4):
             try:
                 stack = Stack(precision="nf4" if weights else base, compile=compile_,
-                              **(dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1],
-                                      kv_group_size=_kv_group_size(model)) if kv else {}),
+                              **(kv4 if kv else {}),
                               **(spec if speculation else {}))
                 configs.append(TrialConfig(group="stacks", model=model, device=device, stack=stack,
                                            workload=workload, repeats=max(2, profile.repeats)))
@@ -268,7 +268,6 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
             log.warning("stacks: %s: refused at plan time: %s (%s)", model, ", ".join(names), reason)
         # beside the design, the batch: aggregate tok/s of STACKS_BATCH rows per step, plain and with
         # the smallest weights and cache (speculation and compile stay at batch 1 here)
-        kv4 = dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1], kv_group_size=_kv_group_size(model))
         for extra in (Stack(precision=base, batch_size=STACKS_BATCH),
                       Stack(precision="nf4", batch_size=STACKS_BATCH, **kv4)):
             configs.append(TrialConfig(group="stacks", model=model, device=device, stack=extra,

@@ -192,9 +192,3 @@ def effects(frame: pd.DataFrame) -> tuple[list[Effect], dict[str, str]]:
         if why:
             notes[model] = "not estimable: " + "; ".join(why)
     return found, notes
-
-
-def effects_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """``effects`` as a table (one row per model, response and term), for charts and reports."""
-    found, _ = effects(frame)
-    return pd.DataFrame([{**e.__dict__, "ratio": e.ratio, "significant": e.significant} for e in found])

@@ -225,8 +225,9 @@ def _reference_config(config: TrialConfig) -> TrialConfig:
                        repeats=config.repeats, seed=config.seed)
 
 
-def _teacher_forced(loaded: models.LoadedModel, stack: Stack, prompts: list[Prompt],
-                    config: TrialConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def teacher_forced(loaded: models.LoadedModel, stack: Stack, prompts: list[Prompt],
+                   config: TrialConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``teacher_forced_logprobs`` of every prompt: (log-probabilities, true tokens) per prompt."""
     pairs = [teacher_forced_logprobs(loaded, stack, p, forced_length(
         config, len(loaded.tokenizer(p.text)["input_ids"]))) for p in prompts]
     return [lp for lp, _ in pairs], [t for _, t in pairs]
@@ -243,7 +244,7 @@ def reference(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
     def make(measured: Measured | None = None) -> Reference:
         if measured is None:
             measured = measure(plain, loaded, prompts, repeats=1, generate_kwargs={})
-        return Reference(measured.outputs(), *_teacher_forced(loaded, plain.stack, prompts, config))
+        return Reference(measured.outputs(), *teacher_forced(loaded, plain.stack, prompts, config))
 
     if measured is not None:
         return memo.put(plain.config_hash, config.config_hash, make(measured)), "this trial"
@@ -280,7 +281,7 @@ def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     if stack.kv_bits == 16:
         logprobs, targets = ref.logprobs, ref.targets
     else:
-        logprobs, targets = _teacher_forced(loaded, stack, prompts, config)
+        logprobs, targets = teacher_forced(loaded, stack, prompts, config)
     metrics = {**compare_outputs(measured.outputs(), ref.outputs),
                **quality_metrics(ref.logprobs, logprobs, targets),
                **byte_metrics(footprint, config, loaded, measured)}

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from trials import compiled, groups, models
 from trials.config import Runtime, Stack, TrialConfig
 from trials.factorial import FACTOR_TAG, stack_factors, stack_name
 from trials.hardware import fast_precision
-from trials.kv_cache import check_model, forced_length, quality_metrics, teacher_forced_logprobs
+from trials.kv_cache import Reference, check_model, quality_metrics, teacher_forced
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.prompts import Prompt
 from trials.registry import reference_precision
@@ -46,13 +44,6 @@ class Baseline:
     outputs: dict[str, list[int]]
 
 
-@dataclass
-class Reference:
-    outputs: dict[str, list[int]]
-    logprobs: list[torch.Tensor]
-    targets: list[torch.Tensor]
-
-
 def base_stack(config: TrialConfig) -> Stack:
     """The design's base: the fast precision on this device (``hardware.fast_precision``, as the
     stacks space plans it), full cache, no speculation, batch 1."""
@@ -64,26 +55,18 @@ def _variant(config: TrialConfig, stack: Stack) -> TrialConfig:
                        workload=config.workload, repeats=config.repeats, seed=config.seed)
 
 
-def _teacher_forced(loaded: models.LoadedModel, stack: Stack, prompts: list[Prompt],
-                    config: TrialConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    pairs = [teacher_forced_logprobs(loaded, stack, p, forced_length(
-        config, len(loaded.tokenizer(p.text)["input_ids"]))) for p in prompts]
-    return [lp for lp, _ in pairs], [t for _, t in pairs]
-
-
 def _summary(config: TrialConfig, loaded: models.LoadedModel, measured: Measured) -> Baseline:
     result = finish(config, Runtime(), loaded, measured)
     return Baseline(result.metrics["tok_per_s"], result.metrics["peak_memory_bytes"], measured.outputs())
 
 
-def baseline(config: TrialConfig, prompts: list[Prompt], measured: Measured | None,
-             loaded: models.LoadedModel) -> tuple[Baseline, str]:
-    """The base stack's throughput, peak memory and outputs: this trial's own numbers when it is the
-    base stack, else this worker's recent measurement, else measured now (full repeats)."""
+def baseline(config: TrialConfig, prompts: list[Prompt], own: Baseline | None) -> tuple[Baseline, str]:
+    """The base stack's throughput, peak memory and outputs: this trial's own numbers (``own``) when
+    it is the base stack, else this worker's recent measurement, else measured now (full repeats)."""
     plain = _variant(config, base_stack(config))
     memo = WORKER.memo("stacks.baseline", max_age_s=REFERENCE_MAX_AGE_S)
-    if measured is not None:
-        return memo.put(plain.config_hash, config.config_hash, _summary(config, loaded, measured)), "this trial"
+    if own is not None:
+        return memo.put(plain.config_hash, config.config_hash, own), "this trial"
 
     def make() -> Baseline:
         base = models.load(plain.model, plain.stack.precision, plain.device)
@@ -100,7 +83,7 @@ def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, st
     def make() -> Reference:
         loaded = models.load(plain.model, plain.stack.precision, plain.device)
         measured = measure(plain, loaded, prompts, generate_kwargs={}, repeats=1)
-        return Reference(measured.outputs(), *_teacher_forced(loaded, plain.stack, prompts, plain))
+        return Reference(measured.outputs(), *teacher_forced(loaded, plain.stack, prompts, plain))
 
     return memo.get(plain.config_hash, config.config_hash, make)
 
@@ -113,18 +96,15 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     prompts = trial_prompts(config, loaded)
     kwargs = groups.generate_kwargs(config, loaded)
     measured = measure(config, loaded, prompts, generate_kwargs=kwargs)
-    is_base = stack == base_stack(config)
-    base, base_source = baseline(config, prompts, measured if is_base else None, loaded)
     ref, ref_source = reference(config, prompts)
     metrics = compare_outputs(measured.outputs(), ref.outputs)
-    metrics["lossless_vs_baseline"] = compare_outputs(measured.outputs(), base.outputs)["lossless"]
     quantized = stack.kv_bits != 16 or stack.precision != reference_precision(config.model, config.device)
     if quantized:
-        logprobs, targets = _teacher_forced(loaded, stack, prompts, config)
+        logprobs, targets = teacher_forced(loaded, stack, prompts, config)
         quality = quality_metrics(ref.logprobs, logprobs, targets)
         metrics.update({k: quality[k] for k in ("kl_divergence", "kl_divergence_max",
                                                 "teacher_forced_top1_match", "teacher_forced_tokens")})
-    tags = {"stack_name": stack_name(stack), "baseline_source": base_source, "reference_source": ref_source,
+    tags = {"stack_name": stack_name(stack), "reference_source": ref_source,
             "reference_precision": reference_precision(config.model, config.device),
             "parts": describe(config)}
     if stack.speculation != "none":
@@ -132,6 +112,9 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     tags.update({f"{FACTOR_TAG}{name}": str(int(on)) for name, on in stack_factors(stack).items()})
     result = finish(config, runtime, loaded, measured, metrics=metrics, tags=tags)
     m = result.metrics
+    own = Baseline(m["tok_per_s"], m["peak_memory_bytes"], measured.outputs())
+    base, result.tags["baseline_source"] = baseline(config, prompts, own if stack == base_stack(config) else None)
+    m["lossless_vs_baseline"] = compare_outputs(measured.outputs(), base.outputs)["lossless"]
     m["baseline_tok_per_s"] = base.tok_per_s
     m["speedup_vs_baseline"] = m["tok_per_s"] / base.tok_per_s
     m["memory_vs_baseline"] = m["peak_memory_bytes"] / base.peak_memory_bytes

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -206,24 +206,21 @@ def reproduce(row: pd.Series) -> tuple[str, str]:
     """(the command that reruns this trial, the arguments that turn the stack on in user code)."""
     config = trial_config(row)
     command = f"python -m trials.run --config '{json.dumps(config.to_dict())}'"
-    stack = {k: v for k, v in asdict(config.stack).items() if v is not None}
-    load, generate = [], []
-    precision = str(stack.get("precision"))
-    if precision in ("nf4", "int8"):
-        bnb = 'load_in_4bit=True, bnb_4bit_quant_type="nf4"' if precision == "nf4" else "load_in_8bit=True"
+    stack, load, generate = config.stack, [], []
+    if stack.precision in ("nf4", "int8"):
+        bnb = 'load_in_4bit=True, bnb_4bit_quant_type="nf4"' if stack.precision == "nf4" else "load_in_8bit=True"
         load.append(f"quantization_config=BitsAndBytesConfig({bnb})")
-    elif precision in ("bf16", "fp16", "fp32"):
-        load.append(f"dtype=torch.{dict(bf16='bfloat16', fp16='float16', fp32='float32')[precision]}")
-    if config.stack.kv_bits != 16:
-        settings = {"backend": config.stack.kv_backend, "nbits": config.stack.kv_bits,
-                    "q_group_size": config.stack.kv_group_size, "residual_length": config.stack.kv_residual_length}
+    elif stack.precision in ("bf16", "fp16", "fp32"):
+        load.append(f"dtype=torch.{dict(bf16='bfloat16', fp16='float16', fp32='float32')[stack.precision]}")
+    if stack.kv_bits != 16:
+        settings = {"backend": stack.kv_backend, "nbits": stack.kv_bits,
+                    "q_group_size": stack.kv_group_size, "residual_length": stack.kv_residual_length}
         generate.append(f'cache_implementation="quantized", cache_config={json.dumps(settings)}')
-    if stack.get("speculation") == "draft":
-        generate.append(f"assistant_model=<{stack.get('draft_model')}>, num_assistant_tokens="
-                        f"{int(float(stack['num_draft_tokens']))}")
-    elif stack.get("speculation") == "prompt_lookup":
-        generate.append(f"prompt_lookup_num_tokens={int(float(stack['num_draft_tokens']))}")
-    if str(stack.get("compile")) == "True":
+    if stack.speculation == "draft":
+        generate.append(f"assistant_model=<{stack.draft_model}>, num_assistant_tokens={stack.num_draft_tokens}")
+    elif stack.speculation == "prompt_lookup":
+        generate.append(f"prompt_lookup_num_tokens={stack.num_draft_tokens}")
+    if stack.compile:
         generate.append('cache_implementation="static", compile_config=CompileConfig()')
     code = f"from_pretrained(..., {', '.join(load)}); generate(..., {', '.join(generate) or 'do_sample=False'})"
     return command, code
