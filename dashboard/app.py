@@ -26,7 +26,7 @@ from dash import Input, Output, dcc, html  # noqa: E402
 import tracking  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
 from trials import groups  # noqa: E402
-from dashboard.sections.common import emulation_note, mark_emulated  # noqa: E402
+from dashboard.sections.common import emulation_note, mark_emulated, real_model_note  # noqa: E402
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}
@@ -69,8 +69,9 @@ def render_section(section, uri: str) -> html.Section:
                       else "Finished runs exist but lack the columns this chart needs.")
             body = [empty_state(section.GROUP, reason)]
         else:
-            note = emulation_note(frame)
+            note, real = emulation_note(frame), real_model_note(frame)
             body = ([html.P(note, id=f"{section.GROUP}-emulated", style=WARNING)] if note else [])
+            body += ([html.P(real, id=f"{section.GROUP}-real-models", style=MUTED)] if real else [])
             body += _graphs(charts)
             text = section.caption(frame) if hasattr(section, "caption") else ""
             if text:

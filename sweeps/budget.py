@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from trials import zoo
+from trials import pypi_models, zoo
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.prompts import workload_prompts
@@ -95,10 +95,13 @@ def _fingerprint(threads: int, device: str) -> str:
 
 
 def _model_identity(model: str) -> str:
-    """What makes two calibrations of one name comparable: the zoo recipe, or the folder/hub id."""
+    """What makes two calibrations of one name comparable: the zoo recipe, the converted GGUF's
+    sha256 (real models from PyPI), or the folder/hub id."""
     entry = get_model(model)
     if entry.source == "zoo":
         return zoo.recipe_hash(entry.location)
+    if entry.source == "pypi" and pypi_models.is_converted(entry.location):
+        return pypi_models.load_card(entry.location)["gguf_sha256"][:16]
     return entry.location
 
 

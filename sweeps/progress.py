@@ -1,4 +1,5 @@
-"""One line per trial as it starts and ends, so a long sweep shows where it is."""
+"""Progress a person can read while a sweep runs: one line per trial as it starts and ends, and a
+heartbeat at least every ``HEARTBEAT_S`` (what runs, for how long, how many are done, time left)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ from ray.tune import Callback
 
 from trials.config import TrialConfig
 
+HEARTBEAT_S = 30.0
+
 
 class ProgressPrinter(Callback):
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, estimate_s: float | None = None) -> None:
         self.total = total
+        self.estimate_s = estimate_s          # the budget's estimate of the whole sweep, if any
         self.done = 0
-        self.started = time.perf_counter()
+        self.started = self.last_line = time.perf_counter()
+        self.running: dict[str, float] = {}   # trial name -> start time
 
     def _name(self, trial) -> str:
         """``group model stack-label [ctxN]``, e.g. ``kv_cache zoo-gqa bf16+kv4-hqq ctx2048``."""
@@ -22,20 +27,45 @@ class ProgressPrinter(Callback):
         context = f" ctx{config.workload.context_tokens}" if config.workload.context_tokens else ""
         return f"{config.group} {config.model} {config.stack.label}{context}"
 
+    def _print(self, line: str) -> None:
+        self.last_line = time.perf_counter()
+        print(f"[{self._elapsed()}] {line}", flush=True)
+
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        print(f"[{self._elapsed()}] start  {self._name(trial)}", flush=True)
+        self.running[self._name(trial)] = time.perf_counter()
+        self._print(f"start  {self._name(trial)}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.done += 1
+        self.running.pop(self._name(trial), None)
         status = result.get("trial_status", "?")
         detail = (f"{result['tok_per_s']:.1f} tok/s" if status == "FINISHED" and "tok_per_s" in result
                   else result.get("error", ""))
-        print(f"[{self._elapsed()}] {self.done}/{self.total} {status:<8} {self._name(trial)}: {detail}",
-              flush=True)
+        self._print(f"{self.done}/{self.total} {status:<8} {self._name(trial)}: {detail}")
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self.done += 1
-        print(f"[{self._elapsed()}] {self.done}/{self.total} ERROR    {self._name(trial)}", flush=True)
+        self.running.pop(self._name(trial), None)
+        self._print(f"{self.done}/{self.total} ERROR    {self._name(trial)}")
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        """The heartbeat: nothing printed for ``HEARTBEAT_S``, so say what is running."""
+        now = time.perf_counter()
+        if now - self.last_line < HEARTBEAT_S:
+            return
+        running = ", ".join(f"{name} ({now - t0:.0f} s)" for name, t0 in self.running.items()) or "starting"
+        self._print(f"{self.done}/{self.total} done · running: {running} · {self._time_left(now)}")
+
+    def _time_left(self, now: float) -> str:
+        elapsed = now - self.started
+        if self.done:
+            left = elapsed / self.done * (self.total - self.done)
+            return f"~{left / 60:.0f} min left at the rate so far"
+        if self.estimate_s:
+            return f"~{max(0.0, self.estimate_s - elapsed) / 60:.0f} min left by the estimate"
+        return "time left: after the first trial"
 
     def _elapsed(self) -> str:
-        return time.strftime("%M:%S", time.gmtime(time.perf_counter() - self.started))
+        elapsed = time.perf_counter() - self.started
+        return f"{int(elapsed // 3600)}:{time.strftime('%M:%S', time.gmtime(elapsed))}" if elapsed >= 3600 \
+            else time.strftime("%M:%S", time.gmtime(elapsed))

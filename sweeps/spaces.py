@@ -4,9 +4,9 @@
 A search space is a function ``(models, profile, device) -> list[TrialConfig]``. Spaces are explicit
 lists rather than Ray Tune samplers: every chart needs a specific grid, the plan can be printed
 before anything runs (``--dry-run``), and each config's hash can be checked against the store so
-that finished work is skipped. ``run_order`` puts the biggest models first (longest trials first
-keeps workers busy until the end instead of leaving one straggler) and keeps a model's trials
-together so that a worker's cached model serves consecutive trials.
+that finished work is skipped. ``run_order`` is breadth-first: every chart group's smallest model
+first, then the next model of every group, so that the dashboard has something in every section
+early.
 
 Profiles size the workload: ``quick`` fits a 2-core CPU in minutes, ``full`` is for GPU clusters.
 """
@@ -16,10 +16,10 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trials import zoo
+from trials import pypi_models, zoo
 from trials.config import Stack, TrialConfig, Workload
 from trials.errors import ConfigError
 from trials.kv_footprint import kv_footprint
@@ -45,18 +45,38 @@ PROFILES = {
     "full": Profile("full", prompts_per_type=8, max_new_tokens=128, repeats=5),
 }
 
+# Real pretrained models (PyPI's SmolLM2-135M and Gemma-3-270M, local folders, hub ids) cost 10-20x a
+# zoo model per token on a CPU, so the quick profile gives them smaller workloads, group by group
+# (every chart keeps them; each run's workload says what it measured): one prompt per type, fewer
+# new tokens, two KV-cache contexts (256 and 1,024: past Gemma-3's 512-token window), a shorter
+# batch ladder. On CUDA and in the full profile they get the profile as written.
+REAL_QUICK = Profile("quick", prompts_per_type=1, max_new_tokens=32, repeats=3)
+REAL_QUICK_EVAL_WINDOWS = 8            # perplexity windows of 256 tokens (quantization group)
+REAL_QUICK_SPECULATIVE_TOKENS = 64     # speculation needs some length to pay back its first round
+
+
+def is_real(model: str) -> bool:
+    """A real pretrained model (not the project's own zoo)."""
+    return get_model(model).source != "zoo"
+
+
+def _sized(model: str, profile: Profile, device: str) -> Profile:
+    """The profile a model gets: ``REAL_QUICK`` for real models in the quick profile on CPU."""
+    return REAL_QUICK if profile.name == "quick" and device == "cpu" and is_real(model) else profile
+
 
 def default_models(device: str) -> list[str]:
-    """The zoo's targets: they exist offline, on any machine."""
-    return zoo_targets("full")
+    """The zoo's targets and the real models from PyPI (``trials.pypi_models``): both exist offline,
+    on any machine."""
+    return [*zoo_targets("full"), *pypi_models.MODELS]
 
 
 def baseline(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
     """Each target at full and half precision, batch 1: the reference every other group compares to."""
     precisions = ["bf16", "fp32"] if device == "cpu" else ["bf16", "fp16", "fp32"]
     return [TrialConfig(group="baseline", model=model, device=device,
-                        stack=Stack(precision=precision), workload=profile.workload(),
-                        repeats=profile.repeats)
+                        stack=Stack(precision=precision), workload=_sized(model, profile, device).workload(),
+                        repeats=_sized(model, profile, device).repeats)
             for model in models if get_model(model).role == "target"
             for precision in precisions]
 
@@ -71,12 +91,17 @@ def quantization(models: list[str], profile: Profile, device: str) -> list[Trial
     """
     precisions = ["fp32", "bf16", "int8", "nf4", "gptq"] if device == "cpu" \
         else ["fp32", "bf16", "fp16", "int8", "nf4", "gptq"]
-    workload = profile.workload()
-    if profile.name == "quick":
-        workload = Workload(workload.prompt_set, max(1, profile.prompts_per_type // 2),
-                            profile.max_new_tokens // 2)
+    def workload(model: str) -> Workload:
+        sized = _sized(model, profile, device)
+        if sized is REAL_QUICK:
+            return replace(sized.workload(), eval_windows=REAL_QUICK_EVAL_WINDOWS)
+        if profile.name == "quick":
+            return Workload("mixed", max(1, profile.prompts_per_type // 2), profile.max_new_tokens // 2)
+        return profile.workload()
+
     return [TrialConfig(group="quantization", model=model, device=device,
-                        stack=Stack(precision=precision), workload=workload, repeats=profile.repeats)
+                        stack=Stack(precision=precision), workload=workload(model),
+                        repeats=_sized(model, profile, device).repeats)
             for model in models if get_model(model).role == "target"
             for precision in precisions]
 
@@ -84,16 +109,19 @@ def quantization(models: list[str], profile: Profile, device: str) -> list[Trial
 # The quick ladder stops where one CPU thread stops gaining (`python benchmarks/report.py` prints
 # where each model's tok/s stops rising, from a store's batching runs; README, "Why the sizes").
 BATCH_LADDERS = {"quick": (1, 2, 4, 8, 16, 32), "full": (1, 2, 4, 8, 16, 32, 64, 128)}
+REAL_QUICK_LADDER = (1, 2, 4, 8, 16)
 
 
 def batching(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
     """Each target's batch ladder, smallest first (an OOM on CUDA ends the ladder), at fp32 so that
     batched greedy outputs can be required to equal batch 1's; only the batch size changes."""
     return [TrialConfig(group="batching", model=model, device=device,
-                        stack=Stack(precision="fp32", batch_size=size), workload=profile.workload(),
-                        repeats=profile.repeats)
+                        stack=Stack(precision="fp32", batch_size=size),
+                        workload=_sized(model, profile, device).workload(),
+                        repeats=_sized(model, profile, device).repeats)
             for model in models if get_model(model).role == "target"
-            for size in BATCH_LADDERS[profile.name]]
+            for size in (REAL_QUICK_LADDER if _sized(model, profile, device) is REAL_QUICK
+                         else BATCH_LADDERS[profile.name])]
 
 
 # KV-cache precisions: the full-precision cache first (the reference the others are compared to,
@@ -109,6 +137,8 @@ KV_SIZING = {
                   max_new_tokens=32, repeats=2),
     "full": dict(contexts=(512, 1024, 2048, 3072, 8192, 16384, 32768), prompt_set="mixed", prompts_per_type=2,
                  max_new_tokens=128, repeats=3),
+    "real-quick": dict(contexts=(256, 1024), prompt_set="prose", prompts_per_type=1,
+                       max_new_tokens=16, repeats=2),
 }
 
 
@@ -135,12 +165,12 @@ def kv_weight_precision(device: str) -> str:
 def kv_cache(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
     """Each target's cache at 16/8/4/2 bits over a range of contexts (those that fit the model's
     positions), in ``kv_weight_precision`` weights."""
-    sizing = KV_SIZING[profile.name]
     precision = kv_weight_precision(device)
     configs = []
     for model in models:
         if get_model(model).role != "target":
             continue
+        sizing = KV_SIZING["real-quick" if _sized(model, profile, device) is REAL_QUICK else profile.name]
         limit = _max_positions(model)
         for context in sizing["contexts"]:
             if limit is not None and context + sizing["max_new_tokens"] > limit:
@@ -160,6 +190,7 @@ def kv_cache(models: list[str], profile: Profile, device: str) -> list[TrialConf
 SPECULATIVE_SIZING = {
     "quick": dict(draft_k=(1, 2, 4, 6), lookup_k=(4,), prompts_per_type=2, repeats=2),
     "full": dict(draft_k=(1, 2, 3, 4, 6, 8), lookup_k=(2, 4, 8), prompts_per_type=8, repeats=5),
+    "real-quick": dict(draft_k=(2, 4), lookup_k=(4,), prompts_per_type=1, repeats=2),
 }
 
 
@@ -167,23 +198,23 @@ def speculative(models: list[str], profile: Profile, device: str) -> list[TrialC
     """Each target with its registry draft at every k, then prompt lookup; batch 1, greedy.
 
     Each trial also measures (once per worker and model) the no-speculation baseline of the same
-    prompts, so there is no separate baseline trial. A target without a draft is an error here,
-    before anything runs; drafts given in ``--models`` are skipped (they are proposers, not targets).
+    prompts, so there is no separate baseline trial. A target without a draft gets prompt lookup
+    only (said in the log); drafts given in ``--models`` are skipped (they are proposers, not targets).
     """
-    sizing = SPECULATIVE_SIZING[profile.name]
     precision = "fp32" if device == "cpu" else "bf16"
-    workload = Workload("mixed", sizing["prompts_per_type"], profile.max_new_tokens)
     configs = []
     for model in models:
         entry = get_model(model)
         if entry.role != "target":
             continue
+        real = _sized(model, profile, device) is REAL_QUICK
+        sizing = SPECULATIVE_SIZING["real-quick" if real else profile.name]
+        workload = Workload("mixed", sizing["prompts_per_type"],
+                            REAL_QUICK_SPECULATIVE_TOKENS if real else profile.max_new_tokens)
         if entry.default_draft is None:
-            raise ConfigError(f"target {model!r} has no draft model in the registry; speculative "
-                              "decoding needs one (give it a default_draft, or leave it out of "
-                              "--models for this group)")
+            log.info("speculative: %s has no draft model in the registry: prompt lookup only", model)
         stacks = [Stack(precision=precision, speculation="draft", draft_model=entry.default_draft,
-                        num_draft_tokens=k) for k in sizing["draft_k"]]
+                        num_draft_tokens=k) for k in sizing["draft_k"] if entry.default_draft]
         stacks += [Stack(precision=precision, speculation="prompt_lookup", num_draft_tokens=k)
                    for k in sizing["lookup_k"]]
         configs += [TrialConfig(group="speculative", model=model, device=device, stack=stack,
@@ -238,14 +269,16 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
     from trials.hardware import fast_precision      # torch: only when the group is planned
 
     base = fast_precision(device)
-    workload = profile.workload()
-    if profile.name == "quick":
-        workload = Workload("mixed", max(1, profile.prompts_per_type // 2), profile.max_new_tokens // 2)
     configs = []
     for model in models:
         entry = get_model(model)
         if entry.role != "target":
             continue
+        workload = profile.workload()
+        if _sized(model, profile, device) is REAL_QUICK:
+            workload = REAL_QUICK.workload()
+        elif profile.name == "quick":
+            workload = Workload("mixed", max(1, profile.prompts_per_type // 2), profile.max_new_tokens // 2)
         if entry.default_draft:
             k, why = best_draft_k(model, entry.default_draft, uri)
             log.info("stacks: %s speculates with %s at k=%d (%s)", model, entry.default_draft, k, why)
@@ -254,7 +287,12 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
             spec = dict(speculation="prompt_lookup", num_draft_tokens=STACKS_DRAFT_K)
         kv4 = dict(kv_bits=STACKS_KV[0], kv_backend=STACKS_KV[1], kv_group_size=_kv_group_size(model))
         refused: dict[str, list[str]] = {}
-        for weights, kv, speculation, compile_ in itertools.product((False, True), repeat=4):
+        # Real models on a CPU's quick profile: compiled decoding (~40 s of compiling per trial) joins
+        # the base stack only, so its main effect is measured but not its interactions.
+        cells = list(itertools.product((False, True), repeat=4))
+        if _sized(model, profile, device) is REAL_QUICK:
+            cells = [c for c in cells if not c[3] or not any(c[:3])]
+        for weights, kv, speculation, compile_ in cells:
             try:
                 stack = Stack(precision="nf4" if weights else base, compile=compile_,
                               **(kv4 if kv else {}),
@@ -276,17 +314,28 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
 
 
 def _parameters(model: str) -> int:
-    """Parameter count from the zoo's model card; 0 where unknown without loading (hub models)."""
+    """Parameter count from the zoo's or the converted real model's card; 0 where unknown without
+    loading (hub models, local folders)."""
     entry = get_model(model)
-    if entry.source != "zoo":
-        return 0
     try:
-        return int(zoo.load_card(entry.location)["parameters"])
-    except (FileNotFoundError, KeyError):
-        return 0
+        if entry.source == "zoo":
+            return int(zoo.load_card(entry.location)["parameters"])
+        if entry.source == "pypi":
+            return int(pypi_models.load_card(entry.location)["parameters"])
+    except (FileNotFoundError, KeyError, ConfigError):
+        pass
+    return 0
 
 
 def run_order(configs: list[TrialConfig]) -> list[TrialConfig]:
-    """Biggest models first (stable: a model's trials stay in their space's order, together)."""
+    """Breadth-first: round r runs every group's r-th smallest model, group after group, so that each
+    chart group has data for one model early and the dashboard is worth opening while the sweep runs.
+    A (group, model) block keeps its space's order (reference stacks first) and a round's trials share
+    one model, so a worker's cached model serves consecutive trials."""
     sizes = {model: _parameters(model) for model in {c.model for c in configs}}
-    return sorted(configs, key=lambda c: -sizes[c.model])
+    group_order = {g: i for i, g in enumerate(dict.fromkeys(c.group for c in configs))}
+    ranks: dict[tuple[str, str], int] = {}
+    for group in group_order:
+        mine = sorted({c.model for c in configs if c.group == group}, key=lambda m: (sizes[m], m))
+        ranks.update({(group, model): rank for rank, model in enumerate(mine)})
+    return sorted(configs, key=lambda c: (ranks[(c.group, c.model)], group_order[c.group]))

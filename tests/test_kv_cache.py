@@ -160,11 +160,14 @@ def test_unknown_architecture_fails_the_run_with_the_reason(tiny_zoo, tmp_path):
     assert "gpt2" in result.error and "cannot model" in result.error
 
 
-def test_sliding_windows_and_ragged_groups_are_refused(tiny_zoo):
+def test_sliding_windows_go_hybrid_while_latent_and_ragged_groups_are_refused(tiny_zoo):
+    """Sliding-window layers stay in full precision beside quantized full layers (Gemma-3 runs that
+    way: tests/test_real_models.py); MLA's latent cache and a group size that splits a row cannot."""
     sliding = {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 64,
                "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 16}
-    with pytest.raises(ConfigError, match="full-attention layers only"):
-        check_model(_trial("tiny-gqa", 4, "hqq", group_size=32), sliding)
+    assert {g.kind for g in check_model(_trial("tiny-gqa", 4, "hqq", group_size=32), sliding).groups} == {"sliding"}
+    with pytest.raises(ConfigError, match="this model has mla layers"):
+        check_model(_trial("tiny-gqa", 4, "hqq", group_size=32), "deepseek-v3")
     config = models.load("tiny-gqa", "bf16", "cpu").model.config     # K/V row: 2 heads x 16 = 32
     with pytest.raises(ConfigError, match="does not divide"):
         check_model(_trial("tiny-gqa", 4, "hqq", group_size=64), config)

@@ -129,3 +129,31 @@ def test_the_report_of_measured_sizes_is_written_from_the_store(quick_sweep, cap
         assert ", ".join(f"{b}: {v:.0f}" for b, v in tok_per_s.sort_index().items()) in row
     assert report.main(["--tracking-uri", "sqlite:////nonexistent/dir/x.db"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_main_job_runs_breadth_first(tiny_zoo):
+    """Every group's smallest model before any group's next one: each section has data early."""
+    from sweeps.spaces import PROFILES, baseline, batching, run_order, speculative
+
+    profile = PROFILES["quick"]
+    configs = [c for space in (baseline, speculative, batching)
+               for c in space(["tiny-gqa", "tiny-mha"], profile, "cpu")]
+    ordered = run_order(configs)
+    first = {c.model for c in ordered[:sum(c.model == ordered[0].model for c in configs)]}
+    assert first == {ordered[0].model}                       # round 0: one model ...
+    seen_groups = [c.group for c in ordered if c.model == ordered[0].model]
+    assert set(seen_groups) == {"baseline", "speculative", "batching"}   # ... in every group
+    assert sorted(ordered, key=lambda c: c.config_hash) == sorted(configs, key=lambda c: c.config_hash)
+
+
+def test_the_heartbeat_says_what_runs_and_how_long_is_left(capsys):
+    from sweeps.progress import HEARTBEAT_S, ProgressPrinter
+
+    printer = ProgressPrinter(total=10, estimate_s=600)
+    printer.running["kv_cache zoo-gqa bf16 ctx2048"] = printer.started
+    printer.on_step_end(0, [])
+    assert capsys.readouterr().out == ""                      # nothing yet: a line was just printed
+    printer.last_line -= HEARTBEAT_S
+    printer.on_step_end(0, [])
+    line = capsys.readouterr().out
+    assert "0/10 done" in line and "kv_cache zoo-gqa bf16 ctx2048" in line and "min left" in line

@@ -70,18 +70,45 @@ class CorpusSpec:
 
 @dataclass(frozen=True)
 class PerplexityMethod:
-    """Which held-out text, and how it is cut into scored windows (``trials.perplexity``)."""
+    """Which held-out text, and how it is cut into scored windows (``trials.perplexity``).
 
-    corpus: CorpusSpec
+    The zoo's models are scored on their set's held-out documents (``corpus``, mixed by ``weights``);
+    real pretrained models on ``real_text()``, a fixed English text that ships with the system and
+    that neither they nor the zoo trained on as such (``text_file``). ``bos``: each window starts with
+    the tokenizer's BOS (models trained that way, e.g. Gemma), so it holds ``context - 1`` text tokens.
+    """
+
+    corpus: CorpusSpec | None
     context: int                                  # tokens per window
     stride: int                                   # tokens between window starts
     windows: int                                  # over all sources, split by ``weights``
-    weights: tuple[tuple[str, float], ...]
+    weights: tuple[tuple[str, float], ...] = ()
+    text_file: str = ""
+    bos: bool = False
 
     def describe(self) -> str:
+        if self.text_file:
+            return (f"strided sliding window: context {self.context}, stride {self.stride}, "
+                    f"{self.windows} windows of {self.text_file}" + (", BOS at each window's start" if self.bos else ""))
         mix = "/".join(f"{s} {w:.0%}" for s, w in self.weights)
         return (f"strided sliding window: context {self.context}, stride {self.stride}, "
                 f"{self.windows} windows of zoo held-out text ({mix})")
+
+
+# Real English text for real models' perplexity: the GNU GPL v3 as Debian ships it (the same text
+# everywhere), else the license of the running Python. Not the zoo's training text.
+REAL_TEXT_FILES = ("/usr/share/common-licenses/GPL-3",)
+
+
+def real_text() -> str:
+    """Path of the held-out real-text file for real models' perplexity (ConfigError when none)."""
+    candidates = [*REAL_TEXT_FILES, os.path.join(sysconfig.get_paths()["stdlib"], "LICENSE.txt")]
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+    from trials.errors import ConfigError
+
+    raise ConfigError(f"no real text for perplexity: none of {', '.join(candidates)} exists")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -54,7 +54,7 @@ from trials import models
 from trials.config import Runtime, Stack, TrialConfig
 from trials.errors import ConfigError
 from trials.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
-from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.loop import Measured, PerCall, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.prompts import Prompt
 from trials.worker import WORKER
 
@@ -80,24 +80,51 @@ def cache_config(stack: Stack) -> dict:
             "residual_length": stack.kv_residual_length}
 
 
+def _layer_types(model: torch.nn.Module) -> list[str]:
+    text_config = model.config.get_text_config(decoder=True)
+    return list(getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers)
+
+
+def has_sliding_layers(model: torch.nn.Module) -> bool:
+    return any(t != "full_attention" for t in _layer_types(model))
+
+
 def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
-    """What ``generate()`` needs for the stack's KV cache (nothing for the full-precision one)."""
+    """What ``generate()`` needs for the stack's KV cache (nothing for the full-precision one).
+
+    transformers' ``QuantizedCache`` refuses models with sliding-window layers (Gemma-3: 5 of every 6
+    layers); for those the trial hands ``generate()`` a fresh ``make_cache`` per call: quantized
+    full-attention layers, sliding layers kept in full precision (``HYBRID_NOTE``)."""
     stack = config.stack
     if stack.kv_bits == 16:
         return {}
     require_backend(stack.kv_backend)
+    if has_sliding_layers(loaded.model):
+        return {"past_key_values": PerCall(lambda: make_cache(stack, loaded.model))}
     return {"cache_implementation": "quantized", "cache_config": cache_config(stack)}
 
 
+HYBRID_NOTE = ("sliding-window layers keep their window in full precision (DynamicSlidingWindowLayer: "
+               "QuantizedCache takes full-attention layers only); only full-attention layers are quantized")
+
+
 def make_cache(stack: Stack, model: torch.nn.Module):
-    """A fresh cache object of the kind ``generate()`` builds for this stack."""
+    """A fresh cache object of the kind ``generate()`` builds for this stack; for a model with
+    sliding-window layers, a hybrid: quantized full-attention layers, full-precision sliding ones."""
     from transformers import DynamicCache, QuantizedCache
+    from transformers.cache_utils import Cache, DynamicSlidingWindowLayer, HQQQuantizedLayer, QuantoQuantizedLayer
 
     text_config = model.config.get_text_config(decoder=True)
     if stack.kv_bits == 16:
         return DynamicCache(config=text_config)
     settings = cache_config(stack)
-    return QuantizedCache(backend=settings.pop("backend"), config=text_config, **settings)
+    backend = settings.pop("backend")
+    if not has_sliding_layers(model):
+        return QuantizedCache(backend=backend, config=text_config, **settings)
+    quantized = {"hqq": HQQQuantizedLayer, "quanto": QuantoQuantizedLayer}[backend]
+    return Cache(layers=[quantized(**settings) if kind == "full_attention"
+                         else DynamicSlidingWindowLayer(sliding_window=text_config.sliding_window)
+                         for kind in _layer_types(model)])
 
 
 def check_model(config: TrialConfig, model_config) -> KVFootprint:
@@ -109,10 +136,11 @@ def check_model(config: TrialConfig, model_config) -> KVFootprint:
     stack = config.stack
     if stack.kv_bits == 16:
         return footprint
-    kinds = sorted({g.kind for g in footprint.groups if g.kind != "full"})
+    kinds = sorted({g.kind for g in footprint.groups if g.kind not in ("full", "sliding")})
     if kinds:
         raise ConfigError(f"{config.model}: transformers' QuantizedCache takes full-attention layers "
-                          f"only; this model has {', '.join(kinds)} layers")
+                          f"(and sliding ones kept in full precision beside them); this model has "
+                          f"{', '.join(kinds)} layers")
     row = footprint.groups[0].elements_per_token // 2        # K (or V) elements per token and layer
     if row % stack.kv_group_size:
         raise ConfigError(f"{config.model}: kv_group_size {stack.kv_group_size} does not divide a "
@@ -139,10 +167,11 @@ class ExpectedBytes:
     scales_zeros: int    # one scale and one zero per group, in the model's dtype
     padding: int         # quanto's rounding up of packed rows
     residual: int        # the formula at full precision for the residual window
+    sliding: int = 0     # sliding-window layers, kept in full precision beside quantized ones (hybrid)
 
     @property
     def total(self) -> int:
-        return self.codes + self.scales_zeros + self.padding + self.residual
+        return self.codes + self.scales_zeros + self.padding + self.residual + self.sliding
 
 
 def expected_bytes(footprint: KVFootprint, stack: Stack, cached_tokens: int, prompt_tokens: int,
@@ -151,11 +180,13 @@ def expected_bytes(footprint: KVFootprint, stack: Stack, cached_tokens: int, pro
     ``cached_tokens`` (per sequence, ``batch`` sequences), derived from how the backends store."""
     if stack.kv_bits == 16:
         return ExpectedBytes(0, cached_tokens, 0, 0, 0,
-                             footprint.total_bytes(cached_tokens, batch, dtype_bits))
+                             footprint.held_bytes(cached_tokens, batch, dtype_bits))
     residual = residual_tokens(cached_tokens, prompt_tokens, stack.kv_residual_length)
     quantized = cached_tokens - residual
+    full = replace(footprint, groups=tuple(g for g in footprint.groups if g.kind != "sliding"))
+    sliding = replace(footprint, groups=tuple(g for g in footprint.groups if g.kind == "sliding"))
     scales = padding = 0
-    for group in footprint.groups:
+    for group in full.groups:
         per_tensor = group.elements_per_token // 2 * group.tokens_cached(quantized) * batch
         groups = math.ceil(per_tensor / stack.kv_group_size)
         tensors = 2 * group.layers                            # K and V of every layer
@@ -163,8 +194,9 @@ def expected_bytes(footprint: KVFootprint, stack: Stack, cached_tokens: int, pro
         if stack.kv_backend == "quanto":
             per_row = 8 // stack.kv_bits
             padding += tensors * (-groups % per_row) * stack.kv_group_size // per_row
-    return ExpectedBytes(quantized, residual, footprint.total_bytes(quantized, batch, stack.kv_bits),
-                         scales, padding, footprint.total_bytes(residual, batch, dtype_bits))
+    return ExpectedBytes(quantized, residual, full.total_bytes(quantized, batch, stack.kv_bits),
+                         scales, padding, full.total_bytes(residual, batch, dtype_bits),
+                         sliding.held_bytes(cached_tokens, batch, dtype_bits) if sliding.groups else 0)
 
 
 # ------------------------------------------------------------------------------ teacher-forced
@@ -264,6 +296,7 @@ def byte_metrics(footprint: KVFootprint, config: TrialConfig, loaded: models.Loa
             "kv_cache_bytes_expected_codes": float(expected.codes),
             "kv_cache_bytes_expected_scales": float(expected.scales_zeros + expected.padding),
             "kv_cache_bytes_expected_residual": float(expected.residual),
+            "kv_cache_bytes_expected_sliding": float(expected.sliding),
             "kv_cache_quantized_tokens": float(expected.quantized_tokens),
             "kv_cache_residual_tokens": float(expected.residual_tokens),
             "kv_cache_bytes_per_token_exact": float(footprint.bytes_per_token_uncapped(dtype_bits)),
@@ -298,5 +331,6 @@ def _method(stack: Stack, loaded: models.LoadedModel) -> str:
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     if stack.kv_bits == 16:
         return f"DynamicCache (full precision: {dtype}, the weights' dtype)"
-    return (f"QuantizedCache {stack.kv_backend} {stack.kv_bits}-bit, group {stack.kv_group_size}, "
-            f"residual {stack.kv_residual_length} in {dtype}")
+    method = (f"QuantizedCache {stack.kv_backend} {stack.kv_bits}-bit, group {stack.kv_group_size}, "
+              f"residual {stack.kv_residual_length} in {dtype}")
+    return f"{method}; {HYBRID_NOTE}" if has_sliding_layers(loaded.model) else method

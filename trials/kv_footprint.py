@@ -8,8 +8,10 @@ the architectures that simple calculators get wrong:
 * grouped- and multi-query attention (``num_key_value_heads``);
 * sliding-window layers: a layer keeps ``min(context, window)`` tokens (``sliding_window``; for Qwen2-style configs
   only when ``use_sliding_window`` is true and for layers ``>= max_window_layers``, as transformers does). That is
-  what one decode step attends to; transformers' ``DynamicSlidingWindowLayer`` stores ``window - 1`` tokens
-  between steps (the new token makes ``window``), so past the window it holds one token per layer less;
+  what one decode step attends to; transformers' ``DynamicSlidingWindowLayer`` keeps views of the last
+  ``window - 1`` tokens between steps, but into the storage of the step's concatenation, so once it has
+  decoded past the window it holds ``window`` tokens of memory per layer, plus an 8-byte int64 window
+  counter: ``held_bytes`` is exactly what that cache holds (measured by walking its storages);
 * interleaved local/global layers (``layer_types``, Gemma-2's alternation, Gemma-3's ``sliding_window_pattern``);
 * multi-head latent attention (DeepSeek-V2/V3): ``kv_lora_rank + qk_rope_head_dim`` elements per layer and token,
   one latent shared by all heads -- the compressed ("absorbed") cache that MLA serving engines (vLLM, SGLang)
@@ -139,6 +141,9 @@ class LayerGroup:
         return self.layers * self.elements_per_token * self.tokens_cached(context) * batch
 
 
+SLIDING_COUNTER_BYTES = 8      # DynamicSlidingWindowLayer._sliding_window_tensor (one int64)
+
+
 def _bytes(elements: int, bits: int) -> int:
     if bits not in (16, 8, 4, 2, 32):
         raise KVFootprintError(f"unsupported precision: {bits} bits (use 32, 16, 8, 4 or 2)")
@@ -171,6 +176,13 @@ class KVFootprint:
         if context < 0 or batch < 0:
             raise KVFootprintError(f"context and batch must be >= 0 (got {context}, {batch})")
         return _bytes(sum(g.elements(context, batch) for g in self.groups), bits)
+
+    def held_bytes(self, context: int, batch: int = 1, bits: int = 16) -> int:
+        """Exactly what transformers' ``DynamicCache`` holds after decoding to ``context`` positions:
+        ``total_bytes`` plus an 8-byte window counter per sliding layer (``DynamicSlidingWindowLayer``;
+        its ``window - 1``-token views keep the storage of ``window`` tokens alive)."""
+        counters = sum(g.layers for g in self.groups if g.kind == "sliding") * SLIDING_COUNTER_BYTES
+        return self.total_bytes(context, batch, bits) + counters
 
     def bytes_per_token(self, context: int, bits: int = 16) -> float:
         """Average bytes per token of one sequence at ``context`` (equals the uncapped value without windows)."""

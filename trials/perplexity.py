@@ -12,6 +12,7 @@ NLL) over the scored tokens, with log-softmax in fp32 whatever the model's dtype
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -49,8 +50,30 @@ def token_stream(tokenizer, documents) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def text_windows(tokenizer, method: PerplexityMethod) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """``heldout_windows`` of ``method.text_file``: one token stream; with ``method.bos`` each window
+    is BOS + ``context - 1`` text tokens (scored from the first text token in the first window)."""
+    text = open(method.text_file, encoding="utf-8").read()
+    stream = torch.tensor(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"], dtype=torch.long)
+    span = method.context - 1 if method.bos else method.context
+    fits = 0 if len(stream) < span else 1 + (len(stream) - span) // method.stride
+    if fits < method.windows:
+        raise ConfigError(f"{method.text_file} holds {len(stream)} tokens: {fits} windows of {span}, "
+                          f"{method.windows} asked")
+    rows, first = [], []
+    for i in range(method.windows):
+        row = stream[i * method.stride:i * method.stride + span]
+        if method.bos:
+            row = torch.cat([torch.tensor([tokenizer.bos_token_id]), row])
+        rows.append(row)
+        first.append(1 if i == 0 else method.context - method.stride)
+    return torch.stack(rows), torch.tensor(first), hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def heldout_windows(tokenizer, method: PerplexityMethod) -> tuple[torch.Tensor, torch.Tensor, str]:
     """[windows, context] token ids, each window's first scored position, and the corpus hash."""
+    if method.text_file:
+        return text_windows(tokenizer, method)
     corpus = build_corpus(method.corpus)
     rows, first = [], []
     for source, count in split_windows(method.windows, method.weights).items():

@@ -530,6 +530,25 @@ def workload_prompts(prompt_set: str, per_type: int | None = None) -> list[Promp
     return out
 
 
+# --- instruct models ----------------------------------------------------------------------
+
+CHAT_INSTRUCTIONS = {
+    "code": "Continue this Python code.",
+    "prose": "Continue this paragraph.",
+    "structured": "Continue this data in the same format.",
+    "repetitive": "Continue this text.",
+}
+"""What an instruct model is asked, per prompt type, before the prompt's text (its user message)."""
+
+
+def as_chat(prompts: list[Prompt], tokenizer) -> list[Prompt]:
+    """The same prompts as an instruct model is used: one user message (the type's instruction and
+    the text) through the tokenizer's chat template, ending where the assistant's reply begins."""
+    return [Prompt(p.id, p.type, tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"{CHAT_INSTRUCTIONS[p.type]}\n\n{p.text}"}],
+        tokenize=False, add_generation_prompt=True)) for p in prompts]
+
+
 # --- long contexts ------------------------------------------------------------------------
 
 CONTEXT_SOURCES = {"code": "code", "prose": "prose", "structured": "structured", "repetitive": "prose"}

@@ -91,12 +91,17 @@ class Reference:
     num_parameters: int
 
 
-def _reference(config: TrialConfig, prompts: list[Prompt], method: PerplexityMethod) -> tuple[Reference, str]:
-    """The reference precision's greedy outputs and perplexity in this worker (measured or reused)."""
+def _reference(config: TrialConfig, prompts: list[Prompt], method: PerplexityMethod,
+               this_trial: Reference | None = None) -> tuple[Reference, str]:
+    """The reference precision's greedy outputs and perplexity in this worker (measured or reused);
+    ``this_trial`` when the trial runs the reference precision itself (measured once, not twice)."""
     precision = reference_precision(config.model, config.device)
     plain = TrialConfig(group=config.group, model=config.model, device=config.device,
                         stack=Stack(precision=precision, batch_size=config.stack.batch_size),
                         workload=config.workload, repeats=1, seed=config.seed)
+    if this_trial is not None:
+        return WORKER.memo("quantization.reference").put(plain.config_hash, config.config_hash, this_trial), \
+            "this trial"
 
     def make() -> Reference:
         loaded = models.load(config.model, precision, config.device)
@@ -122,7 +127,11 @@ def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
     measured = measure(config, loaded, prompts, generate_kwargs={})   # weights only (group guard)
     method = perplexity_method(config.model, config.workload.eval_windows)
     quality = perplexity(loaded.model, loaded.tokenizer, method)
-    reference, source = _reference(config, prompts, method)
+    this_trial = None
+    if stack.precision == reference_precision(config.model, config.device):
+        this_trial = Reference(stack.precision, measured.outputs(), quality,
+                               sum(p.numel() for p in loaded.model.parameters()))
+    reference, source = _reference(config, prompts, method, this_trial)
     dtype = compute_dtype(config.model, config.device)
     nominal, quantized = nominal_weight_bytes(loaded.model, stack.precision, reference.num_parameters, dtype)
     metrics = {

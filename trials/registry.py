@@ -6,8 +6,10 @@ and whether it needs ``trust_remote_code`` (off unless the entry says so: loadin
 run code from the hub by accident).
 
 The zoo entries are read from ``trials.zoo.RECIPES`` so the zoo stays the single source of its own
-models. The real models are for clusters with internet; each target is listed with the smaller model
-of the same tokenizer family that serves as its draft.
+models; the two real pretrained models that ship as GGUF inside PyPI packages (``trials.pypi_models``:
+SmolLM2-135M-Instruct, Gemma-3-270M) run on every machine, labelled 4-bit-derived. The hub models
+are for clusters with internet; each target is listed with the smaller model of the same tokenizer
+family that serves as its draft.
 """
 
 from __future__ import annotations
@@ -16,26 +18,31 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from trials import zoo
-from trials.corpus import PerplexityMethod
+from trials import pypi_models, zoo
+from trials.corpus import PerplexityMethod, real_text
 from trials.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
-    source: str               # "zoo" | "local" | "hub"
-    location: str             # zoo name, folder path, or hub id
+    source: str               # "zoo" | "pypi" | "local" | "hub"
+    location: str             # zoo name, PyPI model name, folder path, or hub id
     role: str                 # "target" | "draft"
     default_draft: str | None = None
     dtype: str = "fp32"       # the precision the weights are published in
     trust_remote_code: bool = False
     tokenizer: str | None = None  # tokenizer family: a draft must share its target's (None: unknown)
+    chat_template: bool = False   # an instruct model: short prompts go through its chat template
+    bos_in_perplexity: bool = False  # scored windows start with BOS (models trained that way, e.g. Gemma)
+    weights_origin: str = ""      # e.g. "4-bit-derived (GGUF Q4_1)": say so wherever its numbers appear
 
     def path(self) -> str:
         """What to hand to ``from_pretrained``."""
         if self.source == "zoo":
             return str(zoo.model_path(self.location))
+        if self.source == "pypi":
+            return str(pypi_models.model_path(self.location))
         return self.location
 
 
@@ -61,6 +68,11 @@ def all_models() -> dict[str, ModelEntry]:
     for name, recipe in zoo.RECIPES.items():
         entries[name] = ModelEntry(name, "zoo", name, recipe.role, default_draft=recipe.default_draft,
                                    tokenizer=f"zoo-{recipe.zoo_set}")
+    for name, spec in pypi_models.MODELS.items():
+        entries[name] = ModelEntry(name, "pypi", name, "target", default_draft=spec.default_draft,
+                                   tokenizer=spec.tokenizer, dtype="fp32",
+                                   chat_template=spec.chat_template, bos_in_perplexity=spec.bos_in_perplexity,
+                                   weights_origin=f"4-bit-derived (GGUF {spec.quant_type})")
     for entry in HUB_MODELS:
         entries[entry.name] = entry
     return entries
@@ -80,15 +92,16 @@ def zoo_targets(set_name: str = "full") -> list[str]:
     return [n for n in zoo.ZOO_SETS[set_name] if zoo.RECIPES[n].role == "target"]
 
 
-# Perplexity windows per method: ~1k scored tokens on the tiny set (tests), ~4k on the full set and
-# hub models.
+# Perplexity windows per method: ~1k scored tokens on the tiny set (tests), ~4k on the full set; real
+# models: 16 windows of 256 tokens, stride 128 (~2k scored tokens) of real English text.
 PERPLEXITY_WINDOWS = {"tiny": 16, "full": 32}
-HUB_CONTEXT = 512
+REAL_CONTEXT, REAL_STRIDE, REAL_WINDOWS = 256, 128, 16
 
 
 def perplexity_method(model: str, windows: int = 0) -> PerplexityMethod:
     """How ``model`` is scored (``trials.perplexity``): its zoo set's evaluation window and held-out
-    split, else the full set's held-out text in windows of ``HUB_CONTEXT`` tokens.
+    split; a real model (PyPI, local folder, hub) on ``trials.corpus.real_text()`` in windows of
+    ``REAL_CONTEXT`` tokens every ``REAL_STRIDE``, with BOS first where the entry says so.
 
     ``windows`` (a workload's ``eval_windows``) overrides how many windows are scored, e.g. fewer
     where the precision is emulated and every token costs ~20x; 0 keeps the set's default.
@@ -98,9 +111,8 @@ def perplexity_method(model: str, windows: int = 0) -> PerplexityMethod:
         zoo_set = zoo.SETS[zoo.RECIPES[entry.location].zoo_set]
         return PerplexityMethod(zoo_set.corpus, zoo_set.eval_seq_len, zoo_set.eval_seq_len // 2,
                                 windows or PERPLEXITY_WINDOWS[zoo_set.name], zoo_set.eval_source_weights)
-    full = zoo.SETS["full"]
-    return PerplexityMethod(full.corpus, HUB_CONTEXT, HUB_CONTEXT // 2, windows or PERPLEXITY_WINDOWS["full"],
-                            full.eval_source_weights)
+    return PerplexityMethod(None, REAL_CONTEXT, REAL_STRIDE, windows or REAL_WINDOWS,
+                            text_file=real_text(), bos=entry.bos_in_perplexity)
 
 
 def reference_precision(model: str, device: str) -> str:

@@ -23,9 +23,12 @@ separates it from the measured speedup is generate()'s own per-round bookkeeping
 
 Two proposers, both from transformers (we do not re-write the algorithm):
 
-* ``draft``: a small model of the same tokenizer (``assistant_model=``), with a constant k (set on
-  the draft's generation config, as transformers reads it there; the adaptive schedule and the
-  confidence early-exit are switched off so that k means what the charts say);
+* ``draft``: a small model (``assistant_model=``), with a constant k (set on the draft's generation
+  config, as transformers reads it there; the adaptive schedule and the confidence early-exit are
+  switched off so that k means what the charts say). A draft of the same vocabulary proposes token
+  ids; one with another tokenizer (e.g. SmolLM2 drafting for Gemma-3) goes through transformers'
+  universal assisted generation, which decodes the draft's tokens to text and re-tokenizes them for
+  the target (``speculation_method`` says which; counts are in target tokens);
 * ``prompt_lookup``: n-gram matching against the prompt and what was generated so far
   (``prompt_lookup_num_tokens=k``); it costs almost nothing and shines on copy-heavy text.
 
@@ -63,38 +66,56 @@ BASELINE_MAX_AGE_S = 15 * 60
 # ------------------------------------------------------------------------------ generate kwargs
 
 def load_draft(config: TrialConfig, target: models.LoadedModel) -> models.LoadedModel:
-    """The trial's draft model, checked to share the target's vocabulary (same token ids).
+    """The trial's draft model.
 
     A model used as its own draft (the test of the counting: acceptance must be exactly 1) gets a
     separate copy, so that its passes as a draft are not counted as target passes.
     """
     if config.stack.draft_model == config.model:
-        draft = models.load_copy(config.model, config.stack.precision, config.device)
-    else:
-        draft = models.load(config.stack.draft_model, config.stack.precision, config.device)
-    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise ConfigError(f"draft {config.stack.draft_model!r} has a different tokenizer than target "
-                          f"{config.model!r}; speculative decoding needs the same vocabulary")
-    if draft.model.config.vocab_size != target.model.config.vocab_size:
-        raise ConfigError(f"draft {config.stack.draft_model!r} has vocab_size "
-                          f"{draft.model.config.vocab_size}, target {config.model!r} has "
-                          f"{target.model.config.vocab_size}; they must be equal")
-    return draft
+        return models.load_copy(config.model, config.stack.precision, config.device)
+    return models.load(config.stack.draft_model, config.stack.precision, config.device)
+
+
+def same_vocabulary(draft: models.LoadedModel, target: models.LoadedModel) -> bool:
+    """Same token ids (plain assisted generation), else the draft's text is re-tokenized."""
+    return (draft.model.config.vocab_size == target.model.config.vocab_size
+            and draft.tokenizer.get_vocab() == target.tokenizer.get_vocab())
+
+
+def method(config: TrialConfig, target: models.LoadedModel) -> str:
+    """How the stack speculates, for the run's ``speculation_method`` tag."""
+    stack = config.stack
+    if stack.speculation == "prompt_lookup":
+        return "prompt lookup (n-gram match in the prompt and output)"
+    if same_vocabulary(load_draft(config, target), target):
+        return "assisted generation (draft and target share the vocabulary)"
+    return ("universal assisted generation (cross-tokenizer: the draft's tokens are decoded to text and "
+            "re-tokenized for the target; counts are in target tokens)")
 
 
 def generate_kwargs(config: TrialConfig, target: models.LoadedModel) -> dict:
-    """What ``generate()`` needs for the stack's speculation, with a constant k (nothing without)."""
+    """What ``generate()`` needs for the stack's speculation, with a constant k (nothing without).
+    A draft with another tokenizer drafts through transformers' universal assisted generation
+    (``tokenizer`` and ``assistant_tokenizer``)."""
     stack = config.stack
     if stack.speculation == "none":
         return {}
     if stack.speculation == "prompt_lookup":
         return {"prompt_lookup_num_tokens": stack.num_draft_tokens}
-    draft = load_draft(config, target).model
+    loaded = load_draft(config, target)
+    draft = loaded.model
     settings = draft.generation_config
     settings.num_assistant_tokens = stack.num_draft_tokens
     settings.num_assistant_tokens_schedule = "constant"
     settings.assistant_confidence_threshold = 0.0
-    return {"assistant_model": draft}
+    if same_vocabulary(loaded, target):
+        return {"assistant_model": draft}
+    if draft.config.vocab_size == target.model.config.vocab_size:
+        # transformers tells the two kinds apart by vocab_size alone: same size, other tokens
+        raise ConfigError(f"draft {stack.draft_model!r} has a different tokenizer than target "
+                          f"{config.model!r} but the same vocab_size; transformers' assisted generation "
+                          "would mix their token ids, and its cross-tokenizer mode needs the sizes to differ")
+    return {"assistant_model": draft, "tokenizer": target.tokenizer, "assistant_tokenizer": loaded.tokenizer}
 
 
 # ------------------------------------------------------------------------------ counting
@@ -264,7 +285,8 @@ def run_speculative(config: TrialConfig, runtime: Runtime) -> TrialResult:
     probe = SpeculationProbe(loaded.model)
     measured = measure(config, loaded, prompts, generate_kwargs=kwargs, probe=probe)
     result = finish(config, runtime, loaded, measured,
-                    tags={"baseline_source": source, "proposer": stack.draft_model or "prompt lookup"})
+                    tags={"baseline_source": source, "proposer": stack.draft_model or "prompt lookup",
+                          "speculation_method": method(config, loaded)})
     metrics = speculation_metrics(probe, prompts, stack.num_draft_tokens, config.repeats,
                                   baseline.step_s)
     metrics.update(compare_outputs(measured.outputs(), baseline.measured.outputs()))

@@ -100,7 +100,7 @@ def provenance(rows: pd.DataFrame) -> list[list[str]]:
             _fmt(_value(row, "ttft_s"), "{:.4f} s"),
             _fmt(_value(row, "tpot_s"), "{:.5f} s"),
             _fmt(_value(row, "peak_memory_bytes"), "{:.1f} MB", 1 / MB),
-            device_text(row),
+            device_text(row) + (f"<br>weights: {origin}" if (origin := _value(row, "tags.weights_origin")) else ""),
             _short_sha(sha),
             str(_value(row, "tags.config_hash") or "n/a"),
             _fmt(_value(row, "repeats"), "{:.0f}"),
@@ -165,6 +165,26 @@ def emulation_note(frame: pd.DataFrame) -> str:
                      + f": its bars and points (hatched or crossed, faded; {EMULATED} on hover) "
                      "measure that emulation as much as the optimization")
     return "; ".join(parts) + "." if parts else ""
+
+
+def real_model_note(frame: pd.DataFrame) -> str:
+    """One line naming the real pretrained models a section shows, where their weights came from
+    (4-bit-derived: dequantized GGUF, not the published checkpoints) and the workload they ran
+    (smaller than the zoo's on a CPU); empty without such runs."""
+    if not has(frame, "tags.weights_origin"):
+        return ""
+    rows = frame[frame["tags.weights_origin"].fillna("").astype(str) != ""]
+    if rows.empty:
+        return ""
+    parts = []
+    for model, mine in rows.groupby("model", sort=True):
+        origin = mine["tags.weights_origin"].iloc[0]
+        workloads = sorted({(str(r.get("prompts_per_type", "?")), str(r.get("max_new_tokens", "?")))
+                            for _, r in mine.iterrows()})
+        load = "; ".join(f"{p} prompt(s) per type x {t} new tokens" for p, t in workloads[:2])
+        parts.append(f"{model}: {origin}" + (f", workload {load}" if load else ""))
+    return ("Real pretrained models, labelled as such: " + " · ".join(parts)
+            + ". Their numbers describe these 4-bit-derived weights, not the published bf16 checkpoints.")
 
 
 def precision_order(values) -> list[str]:
