@@ -15,11 +15,14 @@ What it does, in order:
    not depend on the values of the weights: the same shapes read the same bytes and run the same
    kernels. This is how the LLM-Perf leaderboard (optimum-benchmark, ``no_weights``) measures speed
    and memory. What random weights do NOT give: meaningful text, perplexity or fidelity numbers, and
-   a meaningful draft acceptance (a draft only agrees with its target when both were trained, so
-   draft speculation here measures the cost of a round, not a speedup). Prompt lookup is fine: it
-   proposes n-grams from the prompt and the output, whatever produced them. Each model is saved as a
-   local Hugging Face folder (bf16) with a small byte-level BPE tokenizer trained here in seconds on
-   the Python documentation text (``pydoc_data``); token ids only need to be below the vocabulary.
+   a meaningful speculative acceptance. Acceptance needs trained models (a draft only agrees with
+   its target when both learned the same text); worse, a random model with tied embeddings echoes
+   its last token (its greedy output is one token repeated), so nearly every draft and prompt-lookup
+   token is accepted: the speculative rows measure the cost of a round at acceptance ~1 (the
+   ceiling for that k and that draft), not the speedup a trained pair would get. Each model is
+   saved as a local Hugging Face folder (bf16) with a small byte-level BPE tokenizer trained here in
+   seconds on the Python documentation text (``pydoc_data``); token ids only need to be below the
+   vocabulary. Both are cross-checked against ``trials.kv_footprint`` (CATALOGUE, KV bytes/token).
 4. One or more trials per chart group through the project's own ``trials.run.run_trial``:
    baseline, kv_cache, batching, quantization, speculative and stacks (see ``plan``). Each trial runs
    in try/except (and under a per-trial time limit): a failure is one line and a FAILED row, and
@@ -42,7 +45,13 @@ emits several tokens per target pass, so it may exceed the batch-1 roofline.
 The repository root is put on ``sys.path`` here: nothing needs installing (``pip install -e .`` not
 required). Only torch, transformers, tokenizers, safetensors, numpy are needed; pandas and scipy
 (imported by ``trials.factorial`` for the repeats' t-interval) get minimal stand-ins when missing,
-and the output says so.
+and the output says so. The device machine's transformers may be older than the project's pin
+(5.17 against 5.24): two names the code path reads changed in between, and ``transformers_compat``
+adapts them in this process where they are missing, saying so (``--no-compat`` shows the failures).
+
+Sizing: two models x 15 trials of 4 prompts x 64 new tokens, 2 repeats, meant to end within the
+device tool's 10-minute command limit: no trial starts after ``--budget`` (480 s) and none runs past
+``--trial-timeout`` (180 s) or the budget plus 60 s, so with ``timeout_s=600`` the JSON always comes back.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ import sys
 import tempfile
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,17 +203,13 @@ class Built:
 
 
 def build_model(config, folder: Path, tokenizer, device: str) -> int:
-    """Random weights from ``config``, created on ``device`` in bf16, saved with the tokenizer."""
+    """Random weights from ``config``, created on ``device`` in bf16 (transformers' own init, seeded
+    by the caller), saved with the tokenizer; returns the parameter count."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config)
-    finally:
-        torch.set_default_dtype(previous)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         setattr(model.generation_config, name, getattr(tokenizer, name))
     model.save_pretrained(folder)
@@ -219,10 +224,12 @@ def build_model(config, folder: Path, tokenizer, device: str) -> int:
 
 def build_models(keys: list[str], small: bool, device: str, workdir: Path, log) -> dict[str, Built]:
     import torch
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()              # save_pretrained's shard bars
     started = time.perf_counter()
-    vocab = min(ARCHS[k].small["vocab_size"] if small else 8192 for k in keys)
-    tokenizer = train_tokenizer(min(vocab, 8192))
+    # 8192 tokens: prompts tokenize to realistic lengths; --small: the tiny vocabulary (ids must fit)
+    tokenizer = train_tokenizer(min(ARCHS[k].small["vocab_size"] for k in keys) if small else 8192)
     log(f"tokenizer: byte-level BPE, {len(tokenizer)} tokens, trained in {time.perf_counter() - started:.1f} s")
     built = {}
     for key in keys:
@@ -451,8 +458,8 @@ def markdown_table(rows: list[dict]) -> str:
             note = ", ".join(f"{k} {v:.3g}" for k, v in shown.items())
         lines.append(f"| {r['group']} | {r['model']} | {r['stack']} | {r['status']} "
                      f"| {_num(r['tok_per_s'], '.1f')} | {ci} "
-                     f"| {_num(r['peak_memory_bytes'] and r['peak_memory_bytes'] / GIB, '.2f')} "
-                     f"| {_num(r['weights_bytes'] and r['weights_bytes'] / GIB, '.2f')} "
+                     f"| {_num(r['peak_memory_bytes'] and r['peak_memory_bytes'] / GIB, '.3f')} "
+                     f"| {_num(r['weights_bytes'] and r['weights_bytes'] / GIB, '.3f')} "
                      f"| {_num(r['roofline_tok_per_s'], '.0f')} | {_num(r['roofline_ratio'], '.3f')} "
                      f"| {note} |")
     return "\n".join(lines)
@@ -610,7 +617,7 @@ def output_path(args) -> Path:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="benchmarks/gpu_check.py", description=__doc__.split("\n\n")[0],
+        prog="benchmarks/gpu_check.py", description=__doc__.split("\n\nWhat it does")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Writes $OUT/gpu_check.json when OUT is set, else ./gpu_check.json (--out overrides).")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -620,7 +627,8 @@ def parse_args(argv):
     parser.add_argument("--models", default=",".join(ARCHS), help=f"comma list of {', '.join(ARCHS)}")
     parser.add_argument("--groups", default="baseline,kv_cache,batching,quantization,speculative,stacks",
                         help="comma list of chart groups to run")
-    parser.add_argument("--new-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    parser.add_argument("--new-tokens", type=int, default=None,
+                        help="new tokens per prompt (default 64; 32 with --small)")
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats per trial (default 2)")
     parser.add_argument("--context", type=int, default=None,
                         help="kv_cache prompt length in tokens (default 1024; 512 with --small)")
@@ -643,6 +651,8 @@ def parse_args(argv):
     args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
     if args.context is None:
         args.context = 512 if args.small else 1024
+    if args.new_tokens is None:
+        args.new_tokens = 32 if args.small else 64
     return args
 
 
@@ -664,7 +674,12 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(ROOT))                  # the project without pip install -e .
     os.environ.setdefault("LLM_SWEEPS_MODEL_CACHE", "4")   # keep bf16, fp16, fp32 and the draft loaded
-    notes = install_standins() + ([] if args.no_compat else transformers_compat())
+    notes = install_standins()
+    if not args.no_compat:
+        try:
+            notes += transformers_compat()
+        except Exception as exc:                 # the check still runs, and says what it could not adapt
+            notes.append(f"transformers compat not applied: {type(exc).__name__}: {exc}")
     for note in notes:
         log(note)
     from trials import groups as trial_groups
@@ -739,8 +754,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {key}: {b.parameters / 1e6:.1f}M parameters (random weights); {b.check}")
     for note in notes:
         print(f"note: {note}")
-    print("note: random weights: speed and memory are the architecture's; draft acceptance is not "
-          "meaningful (needs trained models); prompt lookup is.")
+    print("note: random weights: speed and memory are the architecture's; speculative acceptance is not "
+          "meaningful (it needs trained models; a random tied-embedding model echoes its last token, so "
+          "acceptance is ~1): speculative rows show the cost of a round at full acceptance.")
     print()
     print(report["table"])
     print()

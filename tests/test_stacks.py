@@ -64,6 +64,14 @@ def test_effects_recover_a_known_design_with_intervals_that_cover_them():
     assert memory["weights"].significant is None and math.isnan(memory["weights"].ci_low)
 
 
+def test_runs_of_one_repeat_give_effects_without_intervals():
+    """One repeat logs no variance: the estimates stand, their intervals are NaN (not an error)."""
+    frame = _synthetic().drop(columns="log_tok_per_s_var").assign(tok_per_s_repeats=1.0)
+    speed = {e.term: e for e in effects(frame)[0] if e.response == "tok_per_s"}
+    assert speed["weights"].estimate == pytest.approx(0.30, abs=0.05)
+    assert math.isnan(speed["weights"].ci_low) and speed["weights"].significant is None
+
+
 def test_noise_larger_than_an_effect_is_not_significant():
     speed = {e.term: e for e in effects(_synthetic(noise=0.5, repeats=2))[0] if e.response == "tok_per_s"}
     assert speed["kv"].significant is False and speed["kv"].ci_low < 0 < speed["kv"].ci_high

@@ -179,8 +179,11 @@ def effects(frame: pd.DataFrame) -> tuple[list[Effect], dict[str, str]]:
     for model, part in frame.groupby("model"):
         coded = cells(part, factors)
         kept, why = estimable_terms(coded, factors)
-        speed = estimate(coded, kept, coded["log_tok_per_s_mean"], coded["log_tok_per_s_var"],
-                         coded["tok_per_s_repeats"])
+        # a cell measured once has no variance: then the effects have no interval (NaN), not an error
+        var = coded.get("log_tok_per_s_var")
+        var = None if var is None or var.isna().any() else var
+        speed = estimate(coded, kept, coded["log_tok_per_s_mean"], var,
+                         coded["tok_per_s_repeats"] if var is not None else None)
         if speed is None:
             notes[model] = (f"{len(coded)} of {2 ** len(factors)} combinations finished: too few to "
                             f"separate {len(kept)} effects")

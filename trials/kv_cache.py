@@ -45,6 +45,7 @@ in the trial, which the sweep records as a FAILED run with that reason.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from dataclasses import dataclass, replace
 
@@ -206,6 +207,12 @@ def forced_length(config: TrialConfig, prompt_tokens: int) -> int:
     return max(1, min(config.workload.max_new_tokens, prompt_tokens - 1))
 
 
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The forward's name for the cache: ``cache`` (transformers >= 5.18), else ``past_key_values``
+    (older versions ignore an unknown ``cache=`` silently, which would drop the prefix)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def teacher_forced_logprobs(loaded: models.LoadedModel, stack: Stack, prompt: Prompt,
                             forced: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probabilities ``[forced, vocab]`` of the next token, the true tokens ``[forced]``).
@@ -215,13 +222,12 @@ def teacher_forced_logprobs(loaded: models.LoadedModel, stack: Stack, prompt: Pr
     """
     ids = loaded.tokenizer(prompt.text, return_tensors="pt")["input_ids"].to(loaded.device)
     prefix, targets = ids[:, :-forced], ids[0, -forced:]
-    cache = make_cache(stack, loaded.model)
+    cache = {cache_kwarg(loaded.model): make_cache(stack, loaded.model)}
     with torch.inference_mode():
-        out = loaded.model(input_ids=prefix, cache=cache, use_cache=True)
+        out = loaded.model(input_ids=prefix, use_cache=True, **cache)
         logits = [out.logits[0, -1]]
         for step in range(forced - 1):
-            out = loaded.model(input_ids=targets[None, step:step + 1], cache=cache,
-                               use_cache=True)
+            out = loaded.model(input_ids=targets[None, step:step + 1], use_cache=True, **cache)
             logits.append(out.logits[0, -1])
     return torch.log_softmax(torch.stack(logits).float(), dim=-1).cpu(), targets.cpu()
 

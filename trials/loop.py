@@ -99,7 +99,7 @@ def _generate(loaded: models.LoadedModel, batch: list[Prompt], new_tokens: int,
                          pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
     prompt_len = inputs["input_ids"].shape[1]
     generated = out.sequences[:, prompt_len:]
-    cache = out.cache
+    cache = getattr(out, "cache", None) or out.past_key_values   # transformers < 5.18 names it so
     return BatchRecord(
         prompt_ids=[p.id for p in batch], prompt_tokens=prompt_len,
         ttft_s=timer.ttft_s, decode_s=timer.decode_s,

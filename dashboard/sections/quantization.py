@@ -260,7 +260,11 @@ def caption(frame: pd.DataFrame) -> str:
     if not has(frame, "model", "precision", "tok_per_s", "perplexity"):
         return ""
     rows = _rows(frame)
-    method = next(iter(rows.get("tags.perplexity_method", pd.Series(dtype=str)).dropna()), "n/a")
+    methods: dict[str, list[str]] = {}
+    if "tags.perplexity_method" in rows.columns:
+        for (model, how), _ in rows.dropna(subset=["tags.perplexity_method"]).groupby(["model", "tags.perplexity_method"]):
+            methods.setdefault(how, []).append(model)
+    method = "; ".join(f"{how} ({', '.join(sorted(models))})" for how, models in methods.items()) or "n/a"
     references = ", ".join(sorted(set(rows.get("tags.reference_precision", pd.Series(dtype=str))
                                       .dropna()))) or "n/a"
     text = (f"Perplexity: {method}; {count_range(rows, 'perplexity_tokens')} scored tokens, the same "
