@@ -136,6 +136,9 @@ def create_app(tracking_uri: str) -> dash.Dash:
             html.P("Each chart group is one MLflow experiment; each bar, one configuration's most "
                    "recent finished run. Hover a bar to see where its number came from.", style=MUTED),
             html.Button("Reload data", id="reload", n_clicks=0),
+            html.Button("Export as one HTML file", id="export", n_clicks=0, style={"marginLeft": "0.5em"},
+                        title="every chart and caption in one file that opens offline (dashboard/export.py)"),
+            dcc.Download(id="export-download"),
             html.Div(render_sections(tracking_uri), id="sections"),
         ], style={"maxWidth": "1100px", "margin": "0 auto", "padding": "1em",
                   "fontFamily": "system-ui, sans-serif"})
@@ -146,6 +149,12 @@ def create_app(tracking_uri: str) -> dash.Dash:
                   prevent_initial_call=True)
     def reload(_clicks):
         return render_sections(tracking_uri)
+
+    @app.callback(Output("export-download", "data"), Input("export", "n_clicks"), prevent_initial_call=True)
+    def export(_clicks):
+        from dashboard.export import export_html
+
+        return {"content": export_html(tracking_uri), "filename": f"inference-report-{datetime.now():%Y%m%d-%H%M}.html"}
 
     for section in SECTIONS:
         if hasattr(section, "deep_dive"):

@@ -25,6 +25,7 @@ from trials.config import Stack, TrialConfig, Workload
 from trials import groups
 from trials.loop import TrialResult
 
+from conftest import QUICK_SWEEP_GROUPS  # noqa: E402
 from ui import APP, RENDER_TIMEOUT_S, needs_browser, serve  # noqa: E402
 from ui import figure as _figure, text as _text  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
@@ -257,3 +258,32 @@ def test_runs_without_hardware_tags_render_unmarked(store):
     assert _find(rendered, "baseline-emulated") is None
     trace = _find(rendered, "baseline-throughput").figure.data[0]
     assert trace.marker.pattern.shape is None and trace.marker.opacity is None
+
+
+def test_export_is_one_offline_html_file_with_every_chart(quick_sweep, browser, tmp_path):
+    """``dashboard/export.py`` writes one file: plotly.js inlined (nothing fetched), every section, and
+    every chart drawn when Chromium opens it from disk."""
+    import re
+
+    from dashboard.export import main
+
+    out = tmp_path / "report.html"
+    assert main(["--tracking-uri", quick_sweep.uri, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert not re.search(r"<script[^>]*\bsrc=", text) and not re.search(r"<link[^>]*\bhref=", text)
+    for section in SECTIONS:
+        assert f"section-{section.GROUP}" in text and section.TITLE in text
+    expected = text.count('class="plotly-graph-div"')
+    assert expected >= 2 * len(QUICK_SWEEP_GROUPS)
+    browser.get(out.as_uri())
+    drawn = "return Array.from(document.querySelectorAll('.js-plotly-plot')).filter(g => g._fullLayout).length"
+    WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: d.execute_script(drawn) == expected)
+    assert browser.execute_script("return document.querySelectorAll('.js-plotly-plot .main-svg').length") >= expected
+
+
+def test_export_of_an_unreachable_store_is_one_line(tmp_path, capsys):
+    from dashboard.export import main
+
+    assert main(["--tracking-uri", "http://127.0.0.1:9", "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and not (tmp_path / "r.html").exists()

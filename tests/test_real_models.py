@@ -120,14 +120,16 @@ def test_a_draft_of_another_tokenizer_drafts_across_tokenizers(real_models, tiny
     assert result.metrics["lossless"] == 1.0 and result.metrics["draft_tokens_proposed"] > 0
 
 
-def test_instruct_prompts_go_through_the_chat_template(real_models):
-    result = run_trial(TrialConfig("baseline", SMOL, Stack("fp32"), Workload("prose", 1, 4), repeats=1))
-    # ChatML: the user message and the assistant's turn add ~20 tokens to the raw prompt's ~90
-    from trials.prompts import workload_prompts
+def test_instruct_prompts_go_through_the_chat_template(smol_store):
+    """SmolLM2 is an instruct model: its prompt is one ChatML user message (the type's instruction and
+    the text), ~20 tokens longer than the raw text."""
     from trials import models
+    from trials.prompts import workload_prompts
 
+    result = smol_store[1]["baseline"]
     raw = len(models.load(SMOL, "fp32", "cpu").tokenizer(workload_prompts("prose", 1)[0].text)["input_ids"])
     assert result.metrics["prompt_tokens_mean"] > raw + 10
+    assert result.raw["outputs"][0]["text"].strip()
 
 
 def test_gemma_sliding_cache_is_exact_to_the_byte_and_quantizes_its_full_layers(real_models):

@@ -28,6 +28,20 @@ def test_prepare_store_creates_every_group_with_artifacts_beside_the_db(uri, tmp
     assert list((tmp_path / "mlartifacts" / "baseline").rglob("trial.json"))
 
 
+def test_experiments_open_on_their_runs_in_the_mlflow_ui(uri):
+    """MLflow 3's UI shows an untagged experiment as a GenAI one (traces, no runs); the kind tag makes
+    it open on the runs table, and stores made before the tag get it on the next sweep."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    kind = lambda: {client.get_experiment_by_name(g).tags.get("mlflow.experimentKind") for g in GROUPS}
+    assert kind() == {"custom_model_development"}
+    client.delete_experiment_tag(client.get_experiment_by_name("baseline").experiment_id, "mlflow.experimentKind")
+    assert kind() != {"custom_model_development"}
+    tracking.prepare_store(uri)
+    assert kind() == {"custom_model_development"}
+
+
 def test_failed_run_keeps_its_reason_and_is_not_skipped(uri):
     ok = TrialResult(_config(), "FINISHED", metrics={"tok_per_s": 10.0})
     bad = failed_result(_config("bf16"), RuntimeError("boom\nsecond line"))

@@ -84,6 +84,11 @@ def artifact_root(uri: str) -> str | None:
     return (path.parent / "mlartifacts").as_uri() if path is not None else None
 
 
+# MLflow 3's UI opens an experiment without this tag in its GenAI view ("Traces: 0, no data"); with it,
+# the runs table (our trials) is what opens.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def prepare_store(uri: str) -> dict[str, str]:
     """Create the schema and every group's experiment (idempotent); returns group -> experiment id."""
     check_reachable(uri)
@@ -95,9 +100,12 @@ def prepare_store(uri: str) -> dict[str, str]:
         if experiment is None:
             location = f"{root}/{group}" if root else None
             ids[group] = client.create_experiment(group, artifact_location=location,
-                                                  tags={"chart_group": group})
+                                                  tags={"chart_group": group, **EXPERIMENT_KIND})
         else:
             ids[group] = experiment.experiment_id
+            for key, value in EXPERIMENT_KIND.items():      # stores made before the tag existed
+                if experiment.tags.get(key) != value:
+                    client.set_experiment_tag(experiment.experiment_id, key, value)
     return ids
 
 

@@ -101,7 +101,7 @@ def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
         return {}
     require_backend(stack.kv_backend)
     if has_sliding_layers(loaded.model):
-        return {"past_key_values": PerCall(lambda: make_cache(stack, loaded.model))}
+        return {cache_kwarg(loaded.model): PerCall(lambda: make_cache(stack, loaded.model))}
     return {"cache_implementation": "quantized", "cache_config": cache_config(stack)}
 
 

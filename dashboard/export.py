@@ -1,0 +1,113 @@
+"""The dashboard as ONE self-contained HTML file: every section's charts and captions, opened offline.
+
+    python dashboard/export.py --tracking-uri sqlite:///mlflow.db --out report.html
+
+For a team without access to the store: the file holds plotly.js itself (no CDN, no server, no
+network), each section's notes (emulated precisions, real models' weights), its charts (emulated
+points marked as on the page), its caption, and every model's deep dive (with the deep-dive
+controls at their defaults) under a fold per model. The dashboard's "Export as one HTML file"
+button writes the same file. Data comes through the same section modules and ``tracking`` queries
+as the page, so the file shows what the page shows at the moment it was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
+
+import plotly.offline  # noqa: E402
+
+import tracking  # noqa: E402
+from dashboard.sections import SECTIONS  # noqa: E402
+from dashboard.sections.common import emulation_note, mark_emulated, real_model_note  # noqa: E402
+
+TITLE = "Which inference optimizations actually help?"
+STYLE = """
+body { max-width: 1100px; margin: 0 auto; padding: 1em; font-family: system-ui, sans-serif; }
+.muted { color: #555; font-size: 0.9em; }
+.warning { color: #8a4b00; background: #fff4e0; padding: 0.3em 0.6em; font-size: 0.9em; }
+.empty { border: 1px dashed #bbb; padding: 0.5em 1em; background: #fafafa; }
+section { margin-bottom: 2.5em; }
+"""
+
+
+def _figure(fig) -> str:
+    return mark_emulated(fig).to_html(full_html=False, include_plotlyjs=False,
+                                      config={"displaylogo": False, "responsive": True})
+
+
+def _section(section, uri: str) -> str:
+    parts = [f"<h2>{html.escape(section.TITLE)}</h2>", f"<p class='muted'>{html.escape(section.BLURB)}</p>"]
+    try:
+        frame = tracking.runs_frame(uri, section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"))
+        charts = section.figures(frame)
+    except Exception as exc:  # one broken group must not lose the others
+        return "".join(parts) + f"<p class='empty'>Could not read this group: {html.escape(f'{type(exc).__name__}: {exc}')}</p>"
+    if not charts:
+        parts.append(f"<p class='empty'>No finished runs yet. Fill it with: "
+                     f"<code>python sweeps/full.py --groups {html.escape(section.GROUP)}</code></p>")
+        return "".join(parts)
+    for note, kind in ((emulation_note(frame), "warning"), (real_model_note(frame), "muted")):
+        if note:
+            parts.append(f"<p class='{kind}'>{html.escape(note)}</p>")
+    parts += [_figure(fig) for _, fig in charts]
+    caption = section.caption(frame) if hasattr(section, "caption") else ""
+    if caption:
+        parts.append(f"<p class='muted'>{html.escape(caption)}</p>")
+    if hasattr(section, "deep_dive"):
+        models = (list(section.deep_dive_models(frame)) if hasattr(section, "deep_dive_models")
+                  else sorted(frame["model"].dropna().unique()) if "model" in frame.columns else [])
+        defaults = {name: default for name, (_, default, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
+        if models:
+            parts.append(f"<h3>{html.escape(getattr(section, 'DEEP_DIVE_TITLE', 'Per-model deep dive'))}</h3>")
+        for i, model in enumerate(models):
+            figures = "".join(_figure(fig) for _, fig in section.deep_dive(frame, model, **defaults))
+            setting = ", ".join(f"{k} {v}" for k, v in defaults.items())
+            parts.append(f"<details{' open' if i == 0 else ''}><summary>{html.escape(str(model))}"
+                         f"{html.escape(f' ({setting})' if setting else '')}</summary>{figures}</details>")
+    return "".join(parts)
+
+
+def export_html(uri: str) -> str:
+    """The whole page as one HTML document, plotly.js inlined."""
+    body = "".join(f"<section id='section-{html.escape(s.GROUP)}'>{_section(s, uri)}</section>" for s in SECTIONS)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(TITLE)}</title>"
+            f"<style>{STYLE}</style><script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script>"
+            f"</head><body><h1>{html.escape(TITLE)}</h1>"
+            f"<p class='muted'>Exported from {html.escape(uri)} at {datetime.now():%Y-%m-%d %H:%M:%S}. Each chart "
+            "group is one MLflow experiment; each bar, one configuration's most recent finished run; "
+            "hover a bar to see where its number came from.</p>"
+            f"{body}</body></html>")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python dashboard/export.py",
+                                     description="Write the dashboard as one self-contained HTML file "
+                                                 "that opens offline (plotly.js inlined, no CDN).")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
+    parser.add_argument("--out", default="report.html", help="the HTML file to write (default: report.html)")
+    args = parser.parse_args(argv)
+    try:
+        uri = tracking.resolve_uri(args.tracking_uri)
+        tracking.check_reachable(uri)
+    except tracking.TrackingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    try:
+        out.write_text(export_html(uri), encoding="utf-8")
+    except OSError as exc:
+        print(f"error: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) from {uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
