@@ -21,12 +21,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
 import dash  # noqa: E402
-from dash import Input, Output, dcc, html  # noqa: E402
+from dash import Input, Output, State, dcc, html  # noqa: E402
 
 import tracking  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
 from trials import groups  # noqa: E402
-from dashboard.sections.common import emulation_note, mark_emulated, real_model_note  # noqa: E402
+from dashboard.sections.common import (RUN_ID_FIELD, emulation_note, failed_note, mark_emulated,  # noqa: E402
+                                       real_model_note)
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}
@@ -52,6 +53,16 @@ def section_frame(section, uri: str):
     return tracking.runs_frame(uri, section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"))
 
 
+def failed_runs(section, uri: str) -> tuple[str, str]:
+    """The section's line on failed configurations (and, on hover, which and why); empty if none."""
+    try:
+        failed = tracking.runs_frame(uri, section.GROUP, status="FAILED")
+        return failed_note(failed, tracking.finished_hashes(uri, section.GROUP),
+                           drawn=getattr(section, "RUN_STATUS", "FINISHED") is None)
+    except Exception:  # the note must never take the section down
+        return "", ""
+
+
 def _no_finished(frame) -> bool:
     return frame.empty or ("status" in frame.columns and not (frame["status"] == "FINISHED").any())
 
@@ -70,15 +81,21 @@ def render_section(section, uri: str) -> html.Section:
             body = [empty_state(section.GROUP, reason)]
         else:
             note, real = emulation_note(frame), real_model_note(frame)
+            failed, detail = failed_runs(section, uri)
             body = ([html.P(note, id=f"{section.GROUP}-emulated", style=WARNING)] if note else [])
             body += ([html.P(real, id=f"{section.GROUP}-real-models", style=MUTED)] if real else [])
+            body += ([html.P(failed, id=f"{section.GROUP}-failed", title=detail, style=WARNING)] if failed else [])
             body += _graphs(charts)
             text = section.caption(frame) if hasattr(section, "caption") else ""
             if text:
                 body.append(html.P(text, id=f"{section.GROUP}-caption", style=MUTED))
             body += deep_dive(section, frame)
-    return html.Section(header + body, id=f"section-{section.GROUP}",
-                        style={"marginBottom": "2.5em"})
+    try:
+        experiment = tracking.experiment_id(uri, section.GROUP) or ""
+    except Exception:
+        experiment = ""
+    return html.Section(header + body, id=f"section-{section.GROUP}", style={"marginBottom": "2.5em"},
+                        **{"data-experiment-id": experiment})
 
 
 def _graphs(charts) -> list:
@@ -126,16 +143,34 @@ def render_sections(uri: str) -> list:
     return [loaded] + [render_section(section, uri) for section in SECTIONS]
 
 
-def create_app(tracking_uri: str) -> dash.Dash:
+DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"      # where `make mlflow-ui` serves the same store
+REFRESH_S = 30.0                                  # how often the page checks the store for new runs
+
+
+def _signature(uri: str) -> str | None:
+    try:
+        return tracking.store_signature(uri)
+    except Exception:  # a store that went away: keep showing what the page has
+        return None
+
+
+def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s: float = REFRESH_S) -> dash.Dash:
     # Deep-dive selectors live inside re-rendered sections, so they are not always in the layout.
     app = dash.Dash(__name__, title=PAGE_TITLE, suppress_callback_exceptions=True)
 
     def layout() -> html.Div:
         return html.Div([
             html.H1(PAGE_TITLE),
-            html.P("Each chart group is one MLflow experiment; each bar, one configuration's most "
-                   "recent finished run. Hover a bar to see where its number came from.", style=MUTED),
+            html.P(["Each chart group is one MLflow experiment; each bar, one configuration's most "
+                    "recent finished run. Hover a bar to see where its number came from; click it to "
+                    "open its run in the MLflow UI at ", html.A(mlflow_ui, href=mlflow_ui, target="_blank"),
+                    " (start it with ", html.Code("make mlflow-ui"), ", or give ", html.Code("--mlflow-ui URL"),
+                    ")."], style=MUTED),
+            html.Div(id="mlflow-ui", hidden=True,
+                     **{"data-url": mlflow_ui, "data-run-field": str(RUN_ID_FIELD)}),
             html.Button("Reload data", id="reload", n_clicks=0),
+            dcc.Interval(id="refresh", interval=max(1, int(refresh_s * 1000)), disabled=refresh_s <= 0),
+            dcc.Store(id="store-signature", data=_signature(tracking_uri)),
             html.Button("Export as one HTML file", id="export", n_clicks=0, style={"marginLeft": "0.5em"},
                         title="every chart and caption in one file that opens offline (dashboard/export.py)"),
             dcc.Download(id="export-download"),
@@ -145,10 +180,16 @@ def create_app(tracking_uri: str) -> dash.Dash:
 
     app.layout = layout
 
-    @app.callback(Output("sections", "children"), Input("reload", "n_clicks"),
+    @app.callback(Output("sections", "children"), Output("store-signature", "data"),
+                  Input("reload", "n_clicks"), Input("refresh", "n_intervals"), State("store-signature", "data"),
                   prevent_initial_call=True)
-    def reload(_clicks):
-        return render_sections(tracking_uri)
+    def reload(_clicks, _ticks, shown):
+        """The button re-reads the store; the interval only when its signature changed (a new or
+        newly finished run), so a page left open follows a running sweep without flicker."""
+        now = _signature(tracking_uri)
+        if dash.ctx.triggered_id == "refresh" and (now is None or now == shown):
+            return dash.no_update, dash.no_update
+        return render_sections(tracking_uri), now
 
     @app.callback(Output("export-download", "data"), Input("export", "n_clicks"), prevent_initial_call=True)
     def export(_clicks):
@@ -185,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
                              "in the working directory)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8050)
+    parser.add_argument("--mlflow-ui", default=DEFAULT_MLFLOW_UI, metavar="URL",
+                        help=f"the MLflow UI a click on a point opens its run in (default {DEFAULT_MLFLOW_UI}, "
+                             "where `make mlflow-ui` serves ./mlflow.db)")
+    parser.add_argument("--refresh-s", type=float, default=REFRESH_S, metavar="SECONDS",
+                        help=f"check the store for new runs this often and redraw when there are "
+                             f"(default {REFRESH_S:.0f}; 0: only the Reload button)")
     parser.add_argument("--debug", action="store_true", help="Dash debug mode (reloader, dev tools)")
     args = parser.parse_args(argv)
     try:
@@ -194,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"Dashboard of {uri} on http://{args.host}:{args.port}/", flush=True)
-    create_app(uri).run(host=args.host, port=args.port, debug=args.debug)
+    create_app(uri, args.mlflow_ui, args.refresh_s).run(host=args.host, port=args.port, debug=args.debug)
     return 0
 
 

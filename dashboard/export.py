@@ -52,7 +52,10 @@ def _section(section, uri: str) -> str:
         parts.append(f"<p class='empty'>No finished runs yet. Fill it with: "
                      f"<code>python sweeps/full.py --groups {html.escape(section.GROUP)}</code></p>")
         return "".join(parts)
-    for note, kind in ((emulation_note(frame), "warning"), (real_model_note(frame), "muted")):
+    from dashboard.app import failed_runs
+
+    failed, detail = failed_runs(section, uri)
+    for note, kind in ((emulation_note(frame), "warning"), (real_model_note(frame), "muted"), (failed, "warning")):
         if note:
             parts.append(f"<p class='{kind}'>{html.escape(note)}</p>")
     parts += [_figure(fig) for _, fig in charts]

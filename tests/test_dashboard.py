@@ -76,9 +76,10 @@ def _trial(model: str, precision: str):
                                  workload=Workload("mixed", 1, 8), repeats=2))
 
 
-@pytest.fixture
-def baseline_store(tmp_path, tiny_zoo) -> str:
-    uri = tracking.resolve_uri(f"sqlite:///{tmp_path}/mlflow.db")
+@pytest.fixture(scope="module")
+def baseline_store(tmp_path_factory, tiny_zoo) -> str:
+    """Four baseline runs; tests that log reruns into it compare with the store as it is then."""
+    uri = tracking.resolve_uri(f"sqlite:///{tmp_path_factory.mktemp('baseline')}/mlflow.db")
     tracking.prepare_store(uri)
     for model in ("tiny-gqa", "tiny-mha"):
         for precision in ("fp32", "bf16"):
@@ -287,3 +288,47 @@ def test_export_of_an_unreachable_store_is_one_line(tmp_path, capsys):
     assert main(["--tracking-uri", "http://127.0.0.1:9", "--out", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and not (tmp_path / "r.html").exists()
+
+
+def test_failed_configurations_are_counted_with_their_reasons():
+    """A configuration whose latest run failed and that never finished is one count, with its reason;
+    one that failed and then finished is not."""
+    import pandas as pd
+
+    from dashboard.sections.common import failed_note
+
+    failed = pd.DataFrame({"tags.config_hash": ["a", "a", "b", "c"], "start_time": [1, 2, 3, 4],
+                           "model": ["m1", "m1", "m2", "m3"], "stack": ["gptq", "gptq", "nf4", "fp32+b64"],
+                           "tags.error": ["x", "needs gptq", "needs gptq", "oom: 9 GiB > 8 GiB\ntrace"]})
+    line, detail = failed_note(failed, finished_hashes={"b"})
+    assert line.startswith("2 configuration(s) failed (not on the charts")
+    assert "1 x needs gptq" in line and "1 x oom: 9 GiB > 8 GiB" in line and "trace" not in line
+    assert detail.splitlines() == ["m1 gptq: needs gptq", "m3 fp32+b64: oom: 9 GiB > 8 GiB"]
+    assert failed_note(failed, {"a", "b", "c"}) == ("", "")
+    assert "marked on the charts" in failed_note(failed, set(), drawn=True)[0]
+
+
+@needs_browser
+def test_a_click_on_a_bar_opens_its_run_in_the_mlflow_ui(baseline_store, browser, tmp_path):
+    with serve(baseline_store, tmp_path) as url:
+        browser.get(url)
+        _figure(browser, "baseline-throughput")
+        browser.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
+        bar = browser.find_element(By.CSS_SELECTOR, "#baseline-throughput .barlayer .point path")
+        ActionChains(browser).move_to_element(bar).click().perform()
+        opened = WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+            lambda d: d.execute_script("return window.__opened.length ? window.__opened : null"))
+    prefix = f"http://127.0.0.1:5000/#/experiments/{tracking.experiment_id(baseline_store, 'baseline')}/runs/"
+    assert len(opened) == 1 and opened[0].startswith(prefix), opened
+    assert opened[0][len(prefix):] in set(tracking.runs_frame(baseline_store, "baseline")["run_id"])
+
+
+@needs_browser
+def test_an_open_page_picks_up_new_runs_on_its_own(baseline_store, browser, tmp_path):
+    with serve(baseline_store, tmp_path, "--refresh-s", "1") as url:
+        browser.get(url)
+        _figure(browser, "baseline-throughput")
+        tracking.log_trial(baseline_store, _trial("tiny-mha", "fp32"))   # a sweep writes a rerun
+        expected = _expected_bars(baseline_store)
+        WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+            lambda d: _same(_plotted_bars(_figure(d, "baseline-throughput")), expected, strict=False))

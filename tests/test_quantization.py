@@ -339,6 +339,12 @@ def test_charts_render_with_data_and_follow_the_model_selector(swept, browser, t
         _assert_deep_dive_matches_store(browser, frame, first)
         caption = text(browser, "quantization-caption")
         assert "strided sliding window" in caption and "Ordering check" in caption
+        if not HAS_GPTQ:                      # the failed GPTQ configurations are counted, with why
+            failed = browser.find_element(By.ID, "quantization-failed")
+            assert failed.text.startswith(f"{len(MODELS)} configuration(s) failed")
+            assert "GPTQ needs the optional extra" in failed.text
+            hover = failed.get_attribute("title").splitlines()       # which configurations
+            assert {line.split(":")[0] for line in hover} == {f"{m} gptq" for m in MODELS}
         select_model(browser, "quantization", second)
         WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: title(d).startswith(second))
         _assert_deep_dive_matches_store(browser, frame, second)

@@ -60,12 +60,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(uri: str, workdir: Path):
-    """Run the dashboard as a user would, from a folder other than the repo; stop it afterwards."""
+def serve(uri: str, workdir: Path, *args: str):
+    """Run the dashboard as a user would, from a folder other than the repo; stop it afterwards.
+    ``args``: more of its command-line options."""
     port = free_port()
     log_path = workdir / "dashboard.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(APP), "--tracking-uri", uri, "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, str(APP), "--tracking-uri", uri, "--port", str(port), *args],
                                 cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:

@@ -1,7 +1,7 @@
 """Tracking: every trial as an MLflow run, read back as tables. The only package importing mlflow."""
 
-from tracking.store import (TrackingError, check_reachable, finished_hashes, log_trial,
-                            prepare_store, read_trial_artifact, resolve_uri, runs_frame)
+from tracking.store import (TrackingError, check_reachable, experiment_id, finished_hashes, log_trial,
+                            prepare_store, read_trial_artifact, resolve_uri, runs_frame, store_signature)
 
-__all__ = ["TrackingError", "check_reachable", "finished_hashes", "log_trial", "prepare_store",
-           "read_trial_artifact", "resolve_uri", "runs_frame"]
+__all__ = ["TrackingError", "check_reachable", "experiment_id", "finished_hashes", "log_trial", "prepare_store",
+           "read_trial_artifact", "resolve_uri", "runs_frame", "store_signature"]

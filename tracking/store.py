@@ -109,6 +109,27 @@ def prepare_store(uri: str) -> dict[str, str]:
     return ids
 
 
+def store_signature(uri: str) -> str:
+    """Changes whenever a run is added to (or finishes in) any group: each group's newest run and its
+    status. One small query per group, so a page can poll it while a sweep writes."""
+    client = _client(uri)
+    parts = []
+    for group in GROUPS:
+        experiment = client.get_experiment_by_name(group)
+        if experiment is None:
+            continue
+        newest = client.search_runs([experiment.experiment_id], max_results=1,
+                                    order_by=["attributes.start_time DESC"])
+        parts += [f"{group}:{r.info.run_id}:{r.info.status}:{r.info.end_time}" for r in newest]
+    return "|".join(parts)
+
+
+def experiment_id(uri: str, group: str) -> str | None:
+    """The group's experiment id in the store (None when the store has no such experiment yet)."""
+    experiment = _client(uri).get_experiment_by_name(group)
+    return experiment.experiment_id if experiment is not None else None
+
+
 def _experiment_id(client, group: str) -> str:
     experiment = client.get_experiment_by_name(group)
     if experiment is None:

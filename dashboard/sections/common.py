@@ -32,7 +32,8 @@ EMULATED_OPACITY = 0.5
 PROVENANCE_HOVER = ("ttft_s: %{customdata[0]}<br>tpot_s: %{customdata[1]}<br>"
                     "peak memory: %{customdata[2]}<br>device: %{customdata[3]}<br>"
                     "git sha: %{customdata[4]}<br>config_hash: %{customdata[5]}<br>"
-                    "repeats: %{customdata[6]} · run %{customdata[7]}")
+                    "repeats: %{customdata[6]} · run %{customdata[7]} (click: open it in MLflow)")
+RUN_ID_FIELD = 7           # provenance's field a click reads to open the run in the MLflow UI
 
 
 def has(frame: pd.DataFrame, *columns: str) -> bool:
@@ -104,7 +105,7 @@ def provenance(rows: pd.DataFrame) -> list[list[str]]:
             _short_sha(sha),
             str(_value(row, "tags.config_hash") or "n/a"),
             _fmt(_value(row, "repeats"), "{:.0f}"),
-            str(run_id)[:8] if run_id else "n/a",
+            str(run_id) if run_id else "n/a",          # the whole id: a click opens the run (app.py)
         ])
     return data
 
@@ -185,6 +186,29 @@ def real_model_note(frame: pd.DataFrame) -> str:
         parts.append(f"{model}: {origin}" + (f", workload {load}" if load else ""))
     return ("Real pretrained models, labelled as such: " + " · ".join(parts)
             + ". Their numbers describe these 4-bit-derived weights, not the published bf16 checkpoints.")
+
+
+def failed_note(failed: pd.DataFrame, finished_hashes: set[str], drawn: bool = False) -> tuple[str, str]:
+    """(one line, the detail) for the configurations whose latest run FAILED and that never finished:
+    how many, and each distinct reason with its count; the detail names each configuration.
+    ``drawn``: the section draws failed runs itself (``RUN_STATUS = None``)."""
+    if failed.empty or "tags.config_hash" not in failed.columns:
+        return "", ""
+    rows = failed[~failed["tags.config_hash"].isin(finished_hashes)]
+    if "start_time" in rows.columns:
+        rows = rows.sort_values("start_time")
+    rows = rows.drop_duplicates("tags.config_hash", keep="last")
+    if rows.empty:
+        return "", ""
+    reasons = (rows["tags.error"] if "tags.error" in rows.columns else pd.Series(["(no reason logged)"] * len(rows)))
+    reasons = reasons.fillna("(no reason logged)").astype(str).str.split("\n").str[0]
+    counts = reasons.value_counts()
+    where = "marked on the charts" if drawn else "not on the charts"
+    line = (f"{len(rows)} configuration(s) failed ({where}; hover for which): "
+            + "; ".join(f"{n} x {reason}" for reason, n in counts.items()))
+    detail = "\n".join(f"{_value(row, 'model') or '?'} {_value(row, 'stack') or ''}: {reason}"
+                       for (_, row), reason in zip(rows.iterrows(), reasons))
+    return line, detail
 
 
 def precision_order(values) -> list[str]:

@@ -1,0 +1,33 @@
+// A click on any bar or point of the dashboard opens the MLflow run that measured it.
+// The page says where the MLflow UI is (#mlflow-ui: data-url, and data-run-field, the index of the run
+// id in every trace's customdata: dashboard/sections/common.py RUN_ID_FIELD); each section says its
+// experiment (data-experiment-id). Graphs appear and are redrawn by Dash, so new ones are found by
+// watching the page.
+(function () {
+  function runUrl(gd, point) {
+    const ui = document.getElementById('mlflow-ui');
+    const section = gd.closest('[data-experiment-id]');
+    const data = point && point.customdata;
+    if (!ui || !section || !Array.isArray(data)) return null;
+    const runId = data[Number(ui.dataset.runField)];
+    if (!runId || runId === 'n/a') return null;
+    return ui.dataset.url.replace(/\/+$/, '') + '/#/experiments/' + section.dataset.experimentId +
+      '/runs/' + runId;
+  }
+  function attach(gd) {
+    if (gd.__opensRuns || typeof gd.on !== 'function') return;
+    gd.__opensRuns = true;
+    gd.on('plotly_click', function (event) {
+      const url = event && event.points && event.points.length ? runUrl(gd, event.points[0]) : null;
+      if (url) window.open(url, '_blank', 'noopener');
+    });
+  }
+  function watch() {
+    new MutationObserver(function () {
+      document.querySelectorAll('.js-plotly-plot').forEach(attach);
+    }).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ['class']});
+    document.querySelectorAll('.js-plotly-plot').forEach(attach);
+  }
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', watch);
+  else watch();
+})();
