@@ -26,8 +26,8 @@ from dash import Input, Output, State, dcc, html  # noqa: E402
 import tracking  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
 from trials import groups  # noqa: E402
-from dashboard.sections.common import (RUN_ID_FIELD, emulation_note, failed_note, mark_emulated,  # noqa: E402
-                                       real_model_note)
+from dashboard.reader import failed_runs, section_frame  # noqa: E402
+from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note  # noqa: E402
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}
@@ -45,22 +45,6 @@ def empty_state(group: str, reason: str = "No finished runs yet.") -> html.Div:
                             f"(trials/groups.py declares no search space for {group!r}).", style=MUTED))
     return html.Div(lines, id=f"{group}-empty", className="empty-state",
                     style={"border": "1px dashed #bbb", "padding": "0.5em 1em", "background": "#fafafa"})
-
-
-def section_frame(section, uri: str):
-    """The runs a section charts: FINISHED ones, unless the section asks for more with ``RUN_STATUS``
-    (None: every run, with a ``status`` column; e.g. FAILED 'oom' runs mark a memory boundary)."""
-    return tracking.runs_frame(uri, section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"))
-
-
-def failed_runs(section, uri: str) -> tuple[str, str]:
-    """The section's line on failed configurations (and, on hover, which and why); empty if none."""
-    try:
-        failed = tracking.runs_frame(uri, section.GROUP, status="FAILED")
-        return failed_note(failed, tracking.finished_hashes(uri, section.GROUP),
-                           drawn=getattr(section, "RUN_STATUS", "FINISHED") is None)
-    except Exception:  # the note must never take the section down
-        return "", ""
 
 
 def _no_finished(frame) -> bool:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 import plotly.offline  # noqa: E402
 
 import tracking  # noqa: E402
+from dashboard.reader import failed_runs, section_frame  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
 from dashboard.sections.common import emulation_note, mark_emulated, real_model_note  # noqa: E402
 
@@ -44,7 +45,7 @@ def _figure(fig) -> str:
 def _section(section, uri: str) -> str:
     parts = [f"<h2>{html.escape(section.TITLE)}</h2>", f"<p class='muted'>{html.escape(section.BLURB)}</p>"]
     try:
-        frame = tracking.runs_frame(uri, section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"))
+        frame = section_frame(section, uri)
         charts = section.figures(frame)
     except Exception as exc:  # one broken group must not lose the others
         return "".join(parts) + f"<p class='empty'>Could not read this group: {html.escape(f'{type(exc).__name__}: {exc}')}</p>"
@@ -52,9 +53,7 @@ def _section(section, uri: str) -> str:
         parts.append(f"<p class='empty'>No finished runs yet. Fill it with: "
                      f"<code>python sweeps/full.py --groups {html.escape(section.GROUP)}</code></p>")
         return "".join(parts)
-    from dashboard.app import failed_runs
-
-    failed, detail = failed_runs(section, uri)
+    failed, _ = failed_runs(section, uri)
     for note, kind in ((emulation_note(frame), "warning"), (real_model_note(frame), "muted"), (failed, "warning")):
         if note:
             parts.append(f"<p class='{kind}'>{html.escape(note)}</p>")
