@@ -88,8 +88,11 @@ def baseline_store(tmp_path_factory, tiny_zoo) -> str:
 
 
 @needs_browser
-def test_baseline_chart_plots_the_store_and_reloads(baseline_store, browser, tmp_path):
-    with serve(baseline_store, tmp_path) as url:
+def test_baseline_chart_plots_the_store_reloads_follows_new_runs_and_opens_them(baseline_store, browser,
+                                                                                tmp_path):
+    """The chart is the store; Reload re-reads it; an open page picks up a new run on its own
+    (``--refresh-s``); a click on a bar opens that bar's run in the MLflow UI."""
+    with serve(baseline_store, tmp_path, "--refresh-s", "1") as url:
         browser.get(url)
         assert "inference optimizations" in browser.title
         figure = _figure(browser, "baseline-throughput")
@@ -109,6 +112,20 @@ def test_baseline_chart_plots_the_store_and_reloads(baseline_store, browser, tmp
         WebDriverWait(browser, RENDER_TIMEOUT_S).until(
             lambda d: _same(_plotted_bars(_figure(d, "baseline-throughput")), expected, strict=False))
         browser.save_screenshot(str(tmp_path / "dashboard.png"))
+
+        tracking.log_trial(baseline_store, _trial("tiny-mha", "fp32"))   # a sweep writes: no click
+        expected = _expected_bars(baseline_store)
+        WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+            lambda d: _same(_plotted_bars(_figure(d, "baseline-throughput")), expected, strict=False))
+
+        browser.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
+        bar = browser.find_element(By.CSS_SELECTOR, "#baseline-throughput .barlayer .point path")
+        ActionChains(browser).move_to_element(bar).click().perform()
+        opened = WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+            lambda d: d.execute_script("return window.__opened.length ? window.__opened : null"))
+    prefix = f"http://127.0.0.1:5000/#/experiments/{tracking.experiment_id(baseline_store, 'baseline')}/runs/"
+    assert len(opened) == 1 and opened[0].startswith(prefix), opened
+    assert opened[0][len(prefix):] in set(tracking.runs_frame(baseline_store, "baseline")["run_id"])
 
 
 def _same(plotted: dict, expected: dict, strict: bool = True) -> bool:
@@ -308,27 +325,3 @@ def test_failed_configurations_are_counted_with_their_reasons():
     assert "marked on the charts" in failed_note(failed, set(), drawn=True)[0]
 
 
-@needs_browser
-def test_a_click_on_a_bar_opens_its_run_in_the_mlflow_ui(baseline_store, browser, tmp_path):
-    with serve(baseline_store, tmp_path) as url:
-        browser.get(url)
-        _figure(browser, "baseline-throughput")
-        browser.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
-        bar = browser.find_element(By.CSS_SELECTOR, "#baseline-throughput .barlayer .point path")
-        ActionChains(browser).move_to_element(bar).click().perform()
-        opened = WebDriverWait(browser, RENDER_TIMEOUT_S).until(
-            lambda d: d.execute_script("return window.__opened.length ? window.__opened : null"))
-    prefix = f"http://127.0.0.1:5000/#/experiments/{tracking.experiment_id(baseline_store, 'baseline')}/runs/"
-    assert len(opened) == 1 and opened[0].startswith(prefix), opened
-    assert opened[0][len(prefix):] in set(tracking.runs_frame(baseline_store, "baseline")["run_id"])
-
-
-@needs_browser
-def test_an_open_page_picks_up_new_runs_on_its_own(baseline_store, browser, tmp_path):
-    with serve(baseline_store, tmp_path, "--refresh-s", "1") as url:
-        browser.get(url)
-        _figure(browser, "baseline-throughput")
-        tracking.log_trial(baseline_store, _trial("tiny-mha", "fp32"))   # a sweep writes a rerun
-        expected = _expected_bars(baseline_store)
-        WebDriverWait(browser, RENDER_TIMEOUT_S).until(
-            lambda d: _same(_plotted_bars(_figure(d, "baseline-throughput")), expected, strict=False))
