@@ -325,3 +325,17 @@ def test_failed_configurations_are_counted_with_their_reasons():
     assert "marked on the charts" in failed_note(failed, set(), drawn=True)[0]
 
 
+
+
+def test_error_bars_are_the_logged_95_interval_else_the_spread():
+    import pandas as pd
+
+    from dashboard.sections.common import spread_error_bars
+
+    part = pd.DataFrame({"tok_per_s": [10.0, 20.0, 30.0],
+                         "tok_per_s_ci_low": [8.0, float("nan"), float("nan")],
+                         "tok_per_s_ci_high": [13.0, float("nan"), float("nan")],
+                         "tok_per_s_min": [9.0, 18.0, float("nan")], "tok_per_s_max": [11.0, 21.0, float("nan")]})
+    bars = spread_error_bars(part, "tok_per_s", [10.0, 20.0, 30.0])
+    assert bars["array"] == [3.0, 1.0, 0.0] and bars["arrayminus"] == [2.0, 2.0, 0.0]
+    assert spread_error_bars(part[["tok_per_s"]], "tok_per_s", [10.0, 20.0, 30.0]) is None

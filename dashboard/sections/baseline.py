@@ -3,7 +3,8 @@
 Every other group is judged against these bars, so they show decode throughput only: prefill reads
 the prompt once and is compute-bound, decode emits one token per step and is bound by memory
 bandwidth, and for long outputs decode is where the time goes. The bar is the median over repeats;
-the whisker spans min to max, so a noisy machine shows as a long whisker rather than a wrong bar.
+the whisker is the 95 % interval over repeats (``common.spread_error_bars``), so a noisy machine shows
+as a long whisker rather than a wrong bar.
 Numbers come from ``trials.run`` (the measurement loop) via one query, ``tracking.runs_frame``.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.sections.common import (count_range, device_names, grouped_bars, has, latest,
+from dashboard.sections.common import (WHISKERS, count_range, device_names, grouped_bars, has, latest,
                                        precision_order)
 
 GROUP = "baseline"
@@ -44,8 +45,8 @@ def caption(frame: pd.DataFrame) -> str:
     if not has(frame, "model", "precision", "tok_per_s"):
         return ""
     rows = _charted(frame)
-    return (f"Bars: median decode throughput over {count_range(rows, 'repeats')} repeats; whiskers: "
-            f"min–max over repeats. Decode only (prefill/TTFT excluded), batch "
+    return (f"Bars: median decode throughput over {count_range(rows, 'repeats')} repeats; {WHISKERS}. "
+            f"Decode only (prefill/TTFT excluded), batch "
             f"{count_range(rows, 'batch_size')}, greedy, "
             f"{count_range(rows, 'max_new_tokens')} new tokens per prompt. "
             f"Device: {device_names(rows)}. Latest run per model and precision; hover a bar for "

@@ -217,18 +217,30 @@ def precision_order(values) -> list[str]:
     return known + sorted(set(values) - set(known))
 
 
+WHISKERS = "whiskers: 95 % interval over repeats (min–max for a run that logged none)"
+
+
 def spread_error_bars(part: pd.DataFrame, y: str, ys: list[float]) -> dict | None:
-    """Asymmetric error bars from the ``<y>_min``/``<y>_max`` spread columns, when the runs have them."""
-    if not {f"{y}_min", f"{y}_max"} <= set(part.columns):
+    """Asymmetric error bars: the run's 95 % interval over repeats (``<y>_ci_low``/``<y>_ci_high``,
+    logged for tok/s), else its ``<y>_min``/``<y>_max`` spread (one repeat, or runs from before the
+    intervals); None when the runs have neither. ``WHISKERS`` says so in a chart's words."""
+    low_high = []
+    for i in range(len(part)):
+        row = part.iloc[i]
+        lo, hi = _value(row, f"{y}_ci_low"), _value(row, f"{y}_ci_high")
+        if lo is None or hi is None:
+            lo, hi = _value(row, f"{y}_min"), _value(row, f"{y}_max")
+        low_high.append((lo, hi))
+    if all(lo is None or hi is None for lo, hi in low_high):
         return None
     return dict(type="data", symmetric=False,
-                array=[max(0.0, float(hi) - m) for hi, m in zip(part[f"{y}_max"], ys)],
-                arrayminus=[max(0.0, m - float(lo)) for lo, m in zip(part[f"{y}_min"], ys)])
+                array=[max(0.0, float(hi) - m) if hi is not None else 0.0 for (_, hi), m in zip(low_high, ys)],
+                arrayminus=[max(0.0, m - float(lo)) if lo is not None else 0.0 for (lo, _), m in zip(low_high, ys)])
 
 
 def grouped_bars(rows: pd.DataFrame, x: str, series: str, y: str, series_order: list,
                  title: str, y_title: str, series_label=str) -> go.Figure:
-    """Bars of ``y`` per ``x``, one trace per ``series`` value; error bars from ``y_min``/``y_max``."""
+    """Bars of ``y`` per ``x``, one trace per ``series`` value; error bars: ``spread_error_bars``."""
     figure = go.Figure()
     for value in series_order:
         part = rows[rows[series] == value].assign(_x=lambda f: f[x].astype(str)).sort_values("_x")

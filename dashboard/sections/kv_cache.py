@@ -257,7 +257,7 @@ def speed_chart(rows: pd.DataFrame, model: str) -> go.Figure:
     part = rows[rows["model"] == model]
     order = sorted(part["label"].unique(), key=lambda s: (-int(s.split("-")[0]), s))
     figure = points(part, x="context_tokens", y="tok_per_s", series="label", series_order=order,
-                    title=f"{model}: decode throughput by KV precision (whiskers: min–max over repeats)",
+                    title=f"{model}: decode throughput by KV precision (whiskers: 95 % interval over repeats)",
                     x_title="context tokens", y_title="tok/s")
     figure.update_layout(legend_title="KV precision")
     return figure

@@ -9,7 +9,7 @@ measured, per model, under a model selector:
 1. Speed vs quality: decode tok/s against held-out perplexity; Pareto-optimal precisions (no other
    precision is both faster and at least as good, or better and at least as fast) are ringed and joined.
 2. Perplexity per precision (lower is better), the reference precision's as a dashed line.
-3. Decode throughput per precision, whiskers min–max over repeats.
+3. Decode throughput per precision, whiskers the 95 % interval over repeats.
 4. Memory: real weight storage and the peak during decode (bars), with the nominal prediction
    (quantized weights x bits + the rest unquantized) and what ``get_memory_footprint()`` claims (marks).
 
@@ -25,8 +25,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import (MB, PROVENANCE_HOVER, count_range, device_names, has, latest,
-                                       precision_order, provenance, spread_error_bars)
+from dashboard.sections.common import (MB, PROVENANCE_HOVER, WHISKERS, count_range, device_names, has,
+                                       latest, precision_order, provenance, spread_error_bars)
 from trials.config import PRECISIONS
 
 GROUP = "quantization"
@@ -269,7 +269,7 @@ def caption(frame: pd.DataFrame) -> str:
                                       .dropna()))) or "n/a"
     text = (f"Perplexity: {method}; {count_range(rows, 'perplexity_tokens')} scored tokens, the same "
             f"tokens for every precision of a model. Throughput: median decode tok/s over "
-            f"{count_range(rows, 'repeats')} repeats, whiskers min–max, batch "
+            f"{count_range(rows, 'repeats')} repeats, {WHISKERS}, batch "
             f"{count_range(rows, 'batch_size')}, {count_range(rows, 'max_new_tokens')} greedy tokens "
             f"per prompt. Quality and token match are against each model's reference precision "
             f"({references}); quantized layers compute in its dtype. Memory: real storage, with "
