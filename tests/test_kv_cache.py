@@ -176,7 +176,7 @@ def test_sliding_windows_go_hybrid_while_latent_and_ragged_groups_are_refused(ti
 
 # ------------------------------------------------------------------------------ prompts and space
 
-@pytest.mark.parametrize("n_tokens", [7, 96, 700])
+@pytest.mark.parametrize("n_tokens", [7, 96, 256, 700])   # 256: no cut is exact, padded
 def test_context_prompts_have_exactly_n_tokens(tiny_zoo, n_tokens):
     tokenizer = models.load("tiny-gqa", "fp32", "cpu").tokenizer
     prompts = workload_prompts("mixed", 2)

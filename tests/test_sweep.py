@@ -157,3 +157,21 @@ def test_the_heartbeat_says_what_runs_and_how_long_is_left(capsys):
     printer.on_step_end(0, [])
     line = capsys.readouterr().out
     assert "0/10 done" in line and "kv_cache zoo-gqa bf16 ctx2048" in line and "min left" in line
+
+
+@pytest.mark.parametrize("config_json, message", [
+    (None, "has no config.json"),
+    ('{"model_type": "llama", ', "is not valid JSON (line 1"),
+    ('{"hidden_size": 64}', "names no model_type"),
+])
+def test_a_broken_model_folder_is_one_line_before_anything_starts(tmp_path, capsys, config_json, message):
+    """Found by a new user: a folder whose config.json was broken passed planning and hung in Ray."""
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    if config_json is not None:
+        (folder / "config.json").write_text(config_json)
+    code, out, err = _main(["--groups", "baseline", "--models", str(folder),
+                            "--tracking-uri", f"sqlite:///{tmp_path}/m.db"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "m.db").exists()                  # nothing started, no store written

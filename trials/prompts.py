@@ -586,11 +586,21 @@ def _extend(prompt: Prompt, tokenizer, n_tokens: int) -> Prompt:
     while count(text) < n_tokens:
         chars *= 2
         text = _context_text(CONTEXT_SOURCES[prompt.type], chars) + CONTEXT_SEPARATOR + prompt.text
-    return Prompt(prompt.id, prompt.type, text[_exact_cut(text, n_tokens, count):])
+    return Prompt(prompt.id, prompt.type, _exact_text(text, n_tokens, count))
 
 
-def _exact_cut(text: str, n_tokens: int, count) -> int:
-    """A start offset ``cut`` with ``count(text[cut:]) == n_tokens`` (``count(text) >= n_tokens``)."""
+PAD_FILLERS = ("\n", " ", ".")
+"""Characters a tokenizer may count one token each, to pad a cut that falls just short (see below)."""
+
+
+def _exact_text(text: str, n_tokens: int, count) -> str:
+    """The end of ``text`` that is exactly ``n_tokens`` tokens (``count(text) >= n_tokens``).
+
+    Usually a cut: the smallest start offset whose count is at most ``n_tokens``, or one nearby that
+    hits it exactly. Some tokenizers jump past ``n_tokens`` at every nearby cut (the zoo's 512-token
+    one merges differently as a cut moves, e.g. 257 -> 254 tokens for one character); then the
+    nearest cut below is padded at its start with ``n_tokens - count`` filler characters that count
+    one token each (newlines, for the zoo's tokenizers, which isolate every newline)."""
     lo, hi = 0, len(text)
     while lo < hi:                                   # smallest cut whose count is <= n_tokens
         mid = (lo + hi) // 2
@@ -601,8 +611,13 @@ def _exact_cut(text: str, n_tokens: int, count) -> int:
     for delta in range(_EXACT_SEARCH_CHARS):
         for cut in (lo - delta, lo + delta):
             if 0 <= cut <= len(text) and count(text[cut:]) == n_tokens:
-                return cut
-    raise ValueError(f"no cut of the context gives exactly {n_tokens} tokens")
+                return text[cut:]
+    short = n_tokens - count(text[lo:])
+    for filler in PAD_FILLERS:
+        padded = filler * short + text[lo:]
+        if count(padded) == n_tokens:
+            return padded
+    raise ValueError(f"no cut of the context gives exactly {n_tokens} tokens, and no padding fills the gap")
 
 
 @functools.lru_cache(maxsize=16)

@@ -14,6 +14,7 @@ family that serves as its draft.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -83,9 +84,26 @@ def get_model(name: str) -> ModelEntry:
     entries = all_models()
     if name in entries:
         return entries[name]
-    if Path(name).is_dir() and (Path(name) / "config.json").is_file():
+    if Path(name).is_dir():
+        _check_local_config(Path(name))
         return ModelEntry(name, "local", str(Path(name).resolve()), "target")
     raise ConfigError(f"unknown model {name!r}; valid: {', '.join(entries)} (or a local model folder)")
+
+
+def _check_local_config(folder: Path) -> None:
+    """A local model folder must hold a readable config.json naming its architecture, so that a broken
+    one fails here in one line instead of inside a worker after Ray has started."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"model folder {str(folder)!r} has no config.json (is it a Hugging Face model folder?)")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise ConfigError(f"{path} names no model_type, so transformers cannot tell which architecture it is")
 
 
 def zoo_targets(set_name: str = "full") -> list[str]:
