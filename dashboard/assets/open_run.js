@@ -15,12 +15,17 @@
       '/runs/' + runId;
   }
   function attach(gd) {
-    if (gd.__opensRuns || typeof gd.on !== 'function') return;
-    gd.__opensRuns = true;
-    gd.on('plotly_click', function (event) {
-      const url = event && event.points && event.points.length ? runUrl(gd, event.points[0]) : null;
-      if (url) window.open(url, '_blank', 'noopener');
-    });
+    // Dash may purge and redraw a graph in the same element (which drops its listeners), so the
+    // listener is (re)registered on every pass, once: removed first, then added.
+    if (typeof gd.on !== 'function' || typeof gd.removeListener !== 'function') return;
+    if (!gd.__openRun) {
+      gd.__openRun = function (event) {
+        const url = event && event.points && event.points.length ? runUrl(gd, event.points[0]) : null;
+        if (url) window.open(url, '_blank', 'noopener');
+      };
+    }
+    gd.removeListener('plotly_click', gd.__openRun);
+    gd.on('plotly_click', gd.__openRun);
   }
   function watch() {
     new MutationObserver(function () {
