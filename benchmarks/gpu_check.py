@@ -249,29 +249,11 @@ def build_models(keys: list[str], small: bool, device: str, workdir: Path, log) 
 # --------------------------------------------------------------------------------- bandwidth
 
 def measure_bandwidth(device: str, nbytes: int, repeats: int = 10) -> dict:
-    """Bytes/s of ``dst.copy_(src)`` over ``nbytes`` (read + write counted), best and median."""
-    import torch
+    """Bytes/s of ``dst.copy_(src)`` over ``nbytes`` (read + write counted), best and median: the
+    project's own timed copy (``trials.batching.copy_seconds``, the batching group's roofline)."""
+    from trials.batching import copy_seconds
 
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(repeats + 1):                   # the first copy warms up
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            torch.cuda.synchronize()
-            seconds = start.elapsed_time(end) / 1000
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            seconds = time.perf_counter() - t0
-        if i:
-            times.append(seconds)
-    del src, dst
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    times = copy_seconds(device, nbytes, repeats)
     return {"copy_bytes": nbytes, "repeats": repeats, "best_bytes_per_s": 2 * nbytes / min(times),
             "median_bytes_per_s": 2 * nbytes / statistics.median(times)}
 

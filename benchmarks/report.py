@@ -152,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
     args = parser.parse_args(argv)
     try:
-        uri = tracking.resolve_uri(args.tracking_uri)
-        tracking.check_reachable(uri)
+        uri = tracking.reachable_uri(args.tracking_uri)
     except tracking.TrackingError as exc:
         print(f"python benchmarks/report.py: error: {exc}", file=sys.stderr)
         return 2

@@ -219,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="Dash debug mode (reloader, dev tools)")
     args = parser.parse_args(argv)
     try:
-        uri = tracking.resolve_uri(args.tracking_uri)
-        tracking.check_reachable(uri)
+        uri = tracking.reachable_uri(args.tracking_uri)
     except tracking.TrackingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -96,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="report.html", help="the HTML file to write (default: report.html)")
     args = parser.parse_args(argv)
     try:
-        uri = tracking.resolve_uri(args.tracking_uri)
-        tracking.check_reachable(uri)
+        uri = tracking.reachable_uri(args.tracking_uri)
     except tracking.TrackingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

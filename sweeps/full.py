@@ -294,8 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         validate(args)
-        uri = tracking.resolve_uri(args.tracking_uri)
-        tracking.check_reachable(uri)
+        uri = tracking.reachable_uri(args.tracking_uri)
     except (ConfigError, tracking.TrackingError) as exc:
         print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
         return 2

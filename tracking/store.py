@@ -49,6 +49,13 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+def reachable_uri(uri: str | None = None) -> str:
+    """``resolve_uri`` then ``check_reachable``: the store a command line names, or ``TrackingError``."""
+    uri = resolve_uri(uri)
+    check_reachable(uri)
+    return uri
+
+
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     """Raise ``TrackingError`` with one line when the store cannot be reached or written."""
     path = _sqlite_path(uri)

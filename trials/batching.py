@@ -206,11 +206,13 @@ def memory_bandwidth(device: str, measured_by: str = "") -> tuple[float, str]:
         lambda: _measure_bandwidth(device, copy_buffer_bytes(device)))
 
 
-def _measure_bandwidth(device: str, nbytes: int) -> float:
+def copy_seconds(device: str, nbytes: int, repeats: int = COPY_REPEATS) -> list[float]:
+    """Seconds of ``repeats`` copies of an ``nbytes`` buffer on ``device`` (after one warm-up copy);
+    each copy reads and writes ``nbytes``, so its bandwidth is ``2 * nbytes / seconds``."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.zeros_like(src)
-    best = math.inf
-    for _ in range(COPY_REPEATS + 1):               # the first copy warms up
+    times = []
+    for i in range(repeats + 1):                    # the first copy warms up
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -222,11 +224,16 @@ def _measure_bandwidth(device: str, nbytes: int) -> float:
             started = time.perf_counter()
             dst.copy_(src)
             seconds = time.perf_counter() - started
-        best = min(best, seconds)
+        if i:
+            times.append(seconds)
     del src, dst
     if device == "cuda":
         torch.cuda.empty_cache()
-    return 2 * nbytes / best
+    return times
+
+
+def _measure_bandwidth(device: str, nbytes: int) -> float:
+    return 2 * nbytes / min(copy_seconds(device, nbytes))
 
 
 def decode_bytes_per_step(loaded: models.LoadedModel, batch: int, prompt_tokens: int,
