@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from dash import Input, Output, State, dcc, html  # noqa: E402
 import tracking  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
 from trials import groups  # noqa: E402
-from dashboard.reader import failed_runs, section_frame  # noqa: E402
+from dashboard.reader import failed_runs, open_store, section_frame  # noqa: E402
 from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note  # noqa: E402
 
 PAGE_TITLE = "Which inference optimizations actually help?"
@@ -51,10 +52,10 @@ def _no_finished(frame) -> bool:
     return frame.empty or ("status" in frame.columns and not (frame["status"] == "FINISHED").any())
 
 
-def render_section(section, uri: str) -> html.Section:
+def render_section(section, runs: tracking.RunsCache) -> html.Section:
     header = [html.H2(section.TITLE), html.P(section.BLURB, style=MUTED)]
     try:
-        frame = section_frame(section, uri)
+        frame = section_frame(section, runs)
     except Exception as exc:  # one broken query must not take the whole page down
         body = [empty_state(section.GROUP, f"Could not read this group: {type(exc).__name__}: {exc}")]
     else:
@@ -65,7 +66,7 @@ def render_section(section, uri: str) -> html.Section:
             body = [empty_state(section.GROUP, reason)]
         else:
             note, real = emulation_note(frame), real_model_note(frame)
-            failed, detail = failed_runs(section, uri)
+            failed, detail = failed_runs(section, runs)
             body = ([html.P(note, id=f"{section.GROUP}-emulated", style=WARNING)] if note else [])
             body += ([html.P(real, id=f"{section.GROUP}-real-models", style=MUTED)] if real else [])
             body += ([html.P(failed, id=f"{section.GROUP}-failed", title=detail, style=WARNING)] if failed else [])
@@ -74,10 +75,7 @@ def render_section(section, uri: str) -> html.Section:
             if text:
                 body.append(html.P(text, id=f"{section.GROUP}-caption", style=MUTED))
             body += deep_dive(section, frame)
-    try:
-        experiment = tracking.experiment_id(uri, section.GROUP) or ""
-    except Exception:
-        experiment = ""
+    experiment = runs.experiment_id(section.GROUP) or ""
     return html.Section(header + body, id=f"section-{section.GROUP}", style={"marginBottom": "2.5em"},
                         **{"data-experiment-id": experiment})
 
@@ -117,32 +115,80 @@ def deep_dive(section, frame) -> list:
         html.Div([html.Label(["Model: ", dcc.Dropdown(id=f"{group}-model", options=choices, value=choices[0],
                                                       clearable=False, style={"width": "20em"})]), *inputs],
                  style={"display": "flex", "alignItems": "center", "flexWrap": "wrap"}),
-        html.Div(_graphs(section.deep_dive(frame, choices[0], **defaults)), id=f"{group}-deep-dive"),
+        html.Div(id=f"{group}-deep-dive"),      # drawn by its callback once the page is up: the charts
+        # above it come first
     ]
 
 
-def render_sections(uri: str) -> list:
-    loaded = html.P(f"Store: {uri} · loaded {datetime.now():%Y-%m-%d %H:%M:%S}",
+def render_sections(runs: tracking.RunsCache) -> list:
+    loaded = html.P(f"Store: {runs.uri} · {runs.count()} runs · read {datetime.now():%Y-%m-%d %H:%M:%S}",
                     id="loaded-at", style=MUTED)
-    return [loaded] + [render_section(section, uri) for section in SECTIONS]
+    return [loaded] + [render_section(section, runs) for section in SECTIONS]
 
 
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"      # where `make mlflow-ui` serves the same store
 REFRESH_S = 30.0                                  # how often the page checks the store for new runs
 
 
-def _signature(uri: str) -> str | None:
+class RenderedSections:
+    """Every section drawn once per version of the store's tables: page loads in between (and other
+    browsers) get the same components without building a figure again. Each model's deep dive (at
+    the controls' defaults) is drawn too, in the background, so a model selector answers from memory;
+    other control values are drawn on demand and kept until the store changes."""
+
+    def __init__(self, runs: tracking.RunsCache):
+        self.runs, self._lock = runs, threading.Lock()
+        self._version, self._children = None, None
+        self._deep_dives: dict[tuple, list] = {}
+
+    def children(self) -> list:
+        with self._lock:
+            if self._version != self.runs.version:
+                self._version, self._children = self.runs.version, render_sections(self.runs)
+                self._deep_dives = {}
+                threading.Thread(target=self._draw_deep_dives, args=(self._version,), daemon=True).start()
+            return self._children
+
+    def deep_dive(self, section, model, chosen: dict) -> list:
+        key = (section.GROUP, model, tuple(sorted(chosen.items())))
+        graphs = self._deep_dives.get(key)
+        if graphs is None:
+            graphs = _graphs(section.deep_dive(section_frame(section, self.runs), model, **chosen))
+            self._deep_dives[key] = graphs
+        return graphs
+
+    def _draw_deep_dives(self, version) -> None:
+        for section in SECTIONS:
+            if not hasattr(section, "deep_dive"):
+                continue
+            defaults = {name: default for name, (_, default, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
+            try:
+                for model in _deep_dive_models(section, section_frame(section, self.runs)):
+                    if self._version != version:          # the store changed: that drawing starts over
+                        return
+                    self.deep_dive(section, model, defaults)
+            except Exception:  # the selector then draws on demand, and shows the error there
+                continue
+
+
+def _refresh(runs: tracking.RunsCache, full: bool = False) -> None:
     try:
-        return tracking.store_signature(uri)
-    except Exception:  # a store that went away: keep showing what the page has
-        return None
+        runs.refresh(full=full)
+    except Exception as exc:  # a store that went away: keep showing what the page has
+        print(f"warning: could not read {runs.uri}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
-def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s: float = REFRESH_S) -> dash.Dash:
+def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s: float = REFRESH_S,
+               runs: tracking.RunsCache | None = None) -> dash.Dash:
+    """``runs``: the store already read (``open_store``); read here otherwise."""
     # Deep-dive selectors live inside re-rendered sections, so they are not always in the layout.
     app = dash.Dash(__name__, title=PAGE_TITLE, suppress_callback_exceptions=True)
+    runs = runs or open_store(tracking_uri)
+    sections = RenderedSections(runs)
+    sections.children()         # drawn before the first visitor, who then waits only for the browser
 
     def layout() -> html.Div:
+        _refresh(runs)          # only the runs that ended since the last read: cheap, and never stale
         return html.Div([
             html.H1(PAGE_TITLE),
             html.P(["Each chart group is one MLflow experiment; each bar, one configuration's most "
@@ -152,54 +198,55 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
                     ")."], style=MUTED),
             html.Div(id="mlflow-ui", hidden=True,
                      **{"data-url": mlflow_ui, "data-run-field": str(RUN_ID_FIELD)}),
-            html.Button("Reload data", id="reload", n_clicks=0),
+            html.Button("Reload data", id="reload", n_clicks=0,
+                        title="read the whole store again (the page also picks up new runs on its own)"),
             dcc.Interval(id="refresh", interval=max(1, int(refresh_s * 1000)), disabled=refresh_s <= 0),
-            dcc.Store(id="store-signature", data=_signature(tracking_uri)),
+            dcc.Store(id="store-version", data=runs.version),
             html.Button("Export as one HTML file", id="export", n_clicks=0, style={"marginLeft": "0.5em"},
                         title="every chart and caption in one file that opens offline (dashboard/export.py)"),
             dcc.Download(id="export-download"),
-            html.Div(render_sections(tracking_uri), id="sections"),
+            html.Div(sections.children(), id="sections"),
         ], style={"maxWidth": "1100px", "margin": "0 auto", "padding": "1em",
                   "fontFamily": "system-ui, sans-serif"})
 
     app.layout = layout
 
-    @app.callback(Output("sections", "children"), Output("store-signature", "data"),
-                  Input("reload", "n_clicks"), Input("refresh", "n_intervals"), State("store-signature", "data"),
+    @app.callback(Output("sections", "children"), Output("store-version", "data"),
+                  Input("reload", "n_clicks"), Input("refresh", "n_intervals"), State("store-version", "data"),
                   prevent_initial_call=True)
     def reload(_clicks, _ticks, shown):
-        """The button re-reads the store; the interval only when its signature changed (a new or
-        newly finished run), so a page left open follows a running sweep without flicker."""
-        now = _signature(tracking_uri)
-        if dash.ctx.triggered_id == "refresh" and (now is None or now == shown):
+        """The button reads the whole store again; the interval reads only the runs that ended since,
+        and redraws only when there were some, so a page left open follows a running sweep without
+        flicker."""
+        _refresh(runs, full=dash.ctx.triggered_id == "reload")
+        if dash.ctx.triggered_id == "refresh" and runs.version == shown:
             return dash.no_update, dash.no_update
-        return render_sections(tracking_uri), now
+        return sections.children(), runs.version
 
     @app.callback(Output("export-download", "data"), Input("export", "n_clicks"), prevent_initial_call=True)
     def export(_clicks):
         from dashboard.export import export_html
 
-        return {"content": export_html(tracking_uri), "filename": f"inference-report-{datetime.now():%Y%m%d-%H%M}.html"}
+        return {"content": export_html(runs), "filename": f"inference-report-{datetime.now():%Y%m%d-%H%M}.html"}
 
     for section in SECTIONS:
         if hasattr(section, "deep_dive"):
-            _register_deep_dive(app, section, tracking_uri)
+            _register_deep_dive(app, section, sections)
     return app
 
 
-def _register_deep_dive(app: dash.Dash, section, uri: str) -> None:
+def _register_deep_dive(app: dash.Dash, section, sections: RenderedSections) -> None:
     """The model selector, and any ``DEEP_DIVE_CONTROLS`` (numbers passed to ``deep_dive`` by name;
     an emptied box falls back to its default), re-draw the deep dive."""
     controls = getattr(section, "DEEP_DIVE_CONTROLS", {})
 
     @app.callback(Output(f"{section.GROUP}-deep-dive", "children"),
                   Input(f"{section.GROUP}-model", "value"),
-                  *[Input(f"{section.GROUP}-{name}", "value") for name in controls],
-                  prevent_initial_call=True)
+                  *[Input(f"{section.GROUP}-{name}", "value") for name in controls])
     def redraw(model, *values):
         chosen = {name: default if value is None else value
                   for (name, (_, default, _)), value in zip(controls.items(), values)}
-        return _graphs(section.deep_dive(section_frame(section, uri), model, **chosen))
+        return sections.deep_dive(section, model, chosen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,8 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     except tracking.TrackingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"Dashboard of {uri} on http://{args.host}:{args.port}/", flush=True)
-    create_app(uri, args.mlflow_ui, args.refresh_s).run(host=args.host, port=args.port, debug=args.debug)
+    print(f"Reading {uri} ...", flush=True)
+    runs = open_store(uri)
+    print(f"Read {runs.count()} runs in {runs.last_read_s:.1f} s. Dashboard on http://{args.host}:{args.port}/",
+          flush=True)
+    create_app(uri, args.mlflow_ui, args.refresh_s, runs=runs).run(host=args.host, port=args.port, debug=args.debug)
     return 0
 
 

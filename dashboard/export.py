@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 import plotly.offline  # noqa: E402
 
 import tracking  # noqa: E402
-from dashboard.reader import failed_runs, section_frame  # noqa: E402
+from dashboard.reader import failed_runs, open_store, section_frame  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
 from dashboard.sections.common import emulation_note, mark_emulated, real_model_note  # noqa: E402
 
@@ -42,10 +42,10 @@ def _figure(fig) -> str:
                                       config={"displaylogo": False, "responsive": True})
 
 
-def _section(section, uri: str) -> str:
+def _section(section, runs: tracking.RunsCache) -> str:
     parts = [f"<h2>{html.escape(section.TITLE)}</h2>", f"<p class='muted'>{html.escape(section.BLURB)}</p>"]
     try:
-        frame = section_frame(section, uri)
+        frame = section_frame(section, runs)
         charts = section.figures(frame)
     except Exception as exc:  # one broken group must not lose the others
         return "".join(parts) + f"<p class='empty'>Could not read this group: {html.escape(f'{type(exc).__name__}: {exc}')}</p>"
@@ -53,7 +53,7 @@ def _section(section, uri: str) -> str:
         parts.append(f"<p class='empty'>No finished runs yet. Fill it with: "
                      f"<code>python sweeps/full.py --groups {html.escape(section.GROUP)}</code></p>")
         return "".join(parts)
-    failed, _ = failed_runs(section, uri)
+    failed, _ = failed_runs(section, runs)
     for note, kind in ((emulation_note(frame), "warning"), (real_model_note(frame), "muted"), (failed, "warning")):
         if note:
             parts.append(f"<p class='{kind}'>{html.escape(note)}</p>")
@@ -75,9 +75,11 @@ def _section(section, uri: str) -> str:
     return "".join(parts)
 
 
-def export_html(uri: str) -> str:
-    """The whole page as one HTML document, plotly.js inlined."""
-    body = "".join(f"<section id='section-{html.escape(s.GROUP)}'>{_section(s, uri)}</section>" for s in SECTIONS)
+def export_html(runs: tracking.RunsCache | str) -> str:
+    """The whole page as one HTML document, plotly.js inlined; ``runs``: the store read, or its URI."""
+    runs = open_store(runs) if isinstance(runs, str) else runs
+    uri = runs.uri
+    body = "".join(f"<section id='section-{html.escape(s.GROUP)}'>{_section(s, runs)}</section>" for s in SECTIONS)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(TITLE)}</title>"
             f"<style>{STYLE}</style><script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script>"
             f"</head><body><h1>{html.escape(TITLE)}</h1>"

@@ -209,7 +209,7 @@ def _render(uri: str, group: str):
     from dashboard import app
 
     section = next(s for s in SECTIONS if s.GROUP == group)
-    return app.render_section(section, uri)
+    return app.render_section(section, app.open_store(uri))
 
 
 def _find(component, component_id: str):

@@ -116,21 +116,6 @@ def prepare_store(uri: str) -> dict[str, str]:
     return ids
 
 
-def store_signature(uri: str) -> str:
-    """Changes whenever a run is added to (or finishes in) any group: each group's newest run and its
-    status. One small query per group, so a page can poll it while a sweep writes."""
-    client = _client(uri)
-    parts = []
-    for group in GROUPS:
-        experiment = client.get_experiment_by_name(group)
-        if experiment is None:
-            continue
-        newest = client.search_runs([experiment.experiment_id], max_results=1,
-                                    order_by=["attributes.start_time DESC"])
-        parts += [f"{group}:{r.info.run_id}:{r.info.status}:{r.info.end_time}" for r in newest]
-    return "|".join(parts)
-
-
 def experiment_id(uri: str, group: str) -> str | None:
     """The group's experiment id in the store (None when the store has no such experiment yet)."""
     experiment = _client(uri).get_experiment_by_name(group)
@@ -201,29 +186,15 @@ def log_trial(uri: str, result, sweep_id: str = "") -> str:
 
 
 def runs_frame(uri: str, group: str, status: str | None = "FINISHED") -> pd.DataFrame:
-    """Runs of one group as a table: one row per run, metrics and params as plain columns."""
-    import mlflow
+    """Runs of one group as a table (``tracking.table.to_frame``: one row per run, metrics and params
+    as plain columns), read now; ``status`` None: every run, with its ``status`` column."""
+    from tracking.table import search, to_frame
 
     client = _client(uri)
     experiment = client.get_experiment_by_name(group)
     if experiment is None:
         return pd.DataFrame()
-    query = f"attributes.status = '{status}'" if status else ""
-    mlflow.set_tracking_uri(uri)
-    frame = mlflow.search_runs([experiment.experiment_id], filter_string=query,
-                               output_format="pandas")
-    if frame.empty:
-        return frame
-    renamed = {}
-    for column in frame.columns:
-        for prefix in ("metrics.", "params."):
-            if column.startswith(prefix) and column[len(prefix):] not in renamed.values():
-                renamed[column] = column[len(prefix):]
-    frame = frame.rename(columns=renamed)
-    for column in ("batch_size", "kv_bits", "num_draft_tokens", "max_new_tokens", "repeats", "seed"):
-        if column in frame:
-            frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    return frame
+    return to_frame(search(client, experiment.experiment_id, f"attributes.status = '{status}'" if status else ""))
 
 
 def read_trial_artifact(uri: str, run_id: str) -> dict:

@@ -28,7 +28,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import (MB, PROVENANCE_HOVER, count_range, device_names, has, latest,
+from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE_HOVER, count_range, device_names, has, latest,
                                        points, provenance)
 from trials import zoo
 from trials.kv_footprint import CATALOGUE, KVFootprintError, kv_footprint
@@ -48,7 +48,7 @@ LARGE_BATCH = 16
 CONTEXT_32K = 32768
 CONTEXT_GRID = [512 * 2 ** i for i in range(9)]          # 512 .. 131072 tokens
 CHART_BITS = (16, 8, 4)
-LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=440)
+LAYOUT = dict(template=TEMPLATE, margin=dict(l=60, r=20, t=60, b=50), height=440)
 BACKEND_COLORS = {"hqq": "#636efa", "quanto": "#00cc96"}
 KEYS = ["model", "device", "precision", "kv_bits", "kv_backend", "kv_group_size",
         "kv_residual_length", "context_tokens"]

@@ -25,7 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import (MB, PROVENANCE_HOVER, WHISKERS, count_range, device_names, has,
+from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE_HOVER, WHISKERS, count_range, device_names, has,
                                        latest, precision_order, provenance, spread_error_bars)
 from trials.config import PRECISIONS
 
@@ -41,7 +41,7 @@ THROUGHPUT_ID, MEMORY_ID = "quantization-throughput", "quantization-memory"
 INT8_TOLERANCE = 0.02          # "8-bit within a small delta of bf16": relative perplexity change
 FOUR_BIT = ("nf4", "gptq")
 COLORS = dict(zip(PRECISIONS, qualitative.Plotly))
-LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=420)
+LAYOUT = dict(template=TEMPLATE, margin=dict(l=60, r=20, t=60, b=50), height=420)
 QUALITY_HOVER = ("perplexity: %{customdata[8]}<br>reference: %{customdata[9]}<br>"
                  "token match vs reference: %{customdata[10]}<br>")
 

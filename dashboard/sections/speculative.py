@@ -32,7 +32,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import (PROVENANCE_HOVER, device_names, has, latest, provenance,
+from dashboard.sections.common import (TEMPLATE, PROVENANCE_HOVER, device_names, has, latest, provenance,
                                        spread_error_bars)
 from trials.theory import expected_tokens_per_pass
 
@@ -49,7 +49,7 @@ REQUIRED = ("model", "speculation", "num_draft_tokens", "tok_per_s", "baseline_t
             "acceptance_rate", "tokens_per_target_pass")
 PROPOSERS = {"draft": "draft model", "prompt_lookup": "prompt lookup"}
 COLORS = {"baseline": "#7f7f7f", "draft": "#1f77b4", "prompt_lookup": "#ff7f0e"}
-LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=420)
+LAYOUT = dict(template=TEMPLATE, margin=dict(l=60, r=20, t=60, b=50), height=420)
 TYPE_COLUMN = re.compile(r"^acceptance_rate_(?!.*_(?:min|max)$)(\w+)$")
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import MB, PROVENANCE_HOVER, count_range, has, latest, provenance
+from dashboard.sections.common import TEMPLATE, MB, PROVENANCE_HOVER, count_range, has, latest, provenance
 from trials.config import Stack, TrialConfig, Workload
 from trials.factorial import effects, factor_columns
 from trials.groups import SPEC_NEEDS_CROP
@@ -42,7 +42,7 @@ FRONTIER_ID, EFFECTS_ID, CARD_ID = "stacks-frontier", "stacks-effects", "stacks-
 QUALITY_BUDGET = {"fidelity_token_match": 0.95, "kl_divergence": 0.05}
 DEEP_DIVE_CONTROLS = {"min_token_match": ("quality budget: min token match", QUALITY_BUDGET["fidelity_token_match"], 0.01),
                       "max_kl": ("max KL (nats)", QUALITY_BUDGET["kl_divergence"], 0.01)}
-LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=20, t=60, b=50), height=440)
+LAYOUT = dict(template=TEMPLATE, margin=dict(l=70, r=20, t=60, b=50), height=440)
 COLORS = qualitative.Plotly
 NEEDED = ("model", "tok_per_s", "peak_memory_bytes", "tags.stack_name")
 STACK_HOVER = ("<b>%{text}</b><br>tok/s: %{x:.1f} (95 %: %{customdata[8]})<br>peak memory: %{y:.1f} MB<br>"
@@ -258,7 +258,7 @@ def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame,
     text = ", ".join(f"{k} {'>=' if k == 'fidelity_token_match' else '<='} {v:g}" for k, v in budget.items())
     figure.update_layout(title=f"{model}: best stack (quality budget: {text})" if picks else
                          f"{model}: no stack within the quality budget ({text})",
-                         template="plotly_white", margin=dict(l=20, r=20, t=60, b=20), height=320)
+                         template=TEMPLATE, margin=dict(l=20, r=20, t=60, b=20), height=320)
     return figure
 
 

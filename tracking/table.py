@@ -1,0 +1,221 @@
+"""Runs as tables: the one place where MLflow runs become rows, and a cache that keeps every group's
+table current while a sweep writes, reading only what changed.
+
+A row is one run: ``run_id``, ``experiment_id``, ``status``, ``start_time``/``end_time`` (UTC
+timestamps), the metrics and params under their own names (a metric wins over a param of the same
+name; the param stays as ``params.<name>``), and the tags as ``tags.<name>``: the shape of
+``mlflow.search_runs``' frames, so a chart reads the same columns either way.
+
+``RunsCache`` reads each group once, then, on ``refresh()``, only the runs that ended since its
+newest known end time (less a margin for workers whose clocks run behind): a run that finishes, or
+is added already finished, is picked up; a rerun of a configuration is a new run and replaces
+nothing (charts choose the latest). A running run has no end time and is not charted until it ends.
+Deleting runs in the MLflow UI is not an end, so ``refresh(full=True)`` (the page's Reload button)
+reads everything again. On a sqlite store (the default) the tables are read straight from its
+file (``sqlite_frame``: 10,000 runs in ~2 s instead of ~30 s); elsewhere through MLflow's search API.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pandas as pd
+
+NUMERIC_PARAMS = ("batch_size", "kv_bits", "num_draft_tokens", "max_new_tokens", "repeats", "seed")
+CLOCK_MARGIN_MS = 60 * 1000           # re-read runs that ended this long before the newest known end
+PAGE = 5000                            # runs per search call
+
+
+def _row(run) -> dict:
+    info, data = run.info, run.data
+    row = {"run_id": info.run_id, "experiment_id": info.experiment_id, "status": info.status,
+           "start_time": info.start_time, "end_time": info.end_time}
+    row.update({f"tags.{k}": v for k, v in data.tags.items()})
+    for key, value in data.params.items():
+        row[f"params.{key}" if key in data.metrics else key] = value
+    row.update(data.metrics)
+    return row
+
+
+def to_frame(runs) -> pd.DataFrame:
+    """MLflow ``Run`` entities as one table (see the module's docstring for its columns)."""
+    frame = pd.DataFrame([_row(run) for run in runs])
+    if frame.empty:
+        return frame
+    for column in ("start_time", "end_time"):
+        frame[column] = pd.to_datetime(frame[column], unit="ms", utc=True)
+    for column in NUMERIC_PARAMS:
+        if column in frame:
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame
+
+
+def search(client, experiment_id: str, filter_string: str = "") -> list:
+    """Every run of an experiment that matches ``filter_string``, page by page."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=PAGE, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def sqlite_frame(path: str, experiment_id: str, since_ms: int | None = None,
+                 known: dict[str, int] | None = None) -> pd.DataFrame:
+    """``to_frame`` of an experiment's ended runs (``end_time >= since_ms``), read straight from a
+    sqlite store's tables: the same table as the MLflow API gives (a test holds them equal), ~10x
+    faster, because it skips building one entity per metric, param and tag. ``known``: run id ->
+    end time (ms) of runs the caller holds already; those are left out unless their end time
+    changed, and found from the runs table alone, so a refresh with nothing new costs one small
+    query. The schema is that of the pinned mlflow (pyproject.toml)."""
+    import sqlite3
+
+    where = "r.experiment_id = ? AND r.lifecycle_stage = 'active' AND r.status != 'RUNNING'"
+    args: list = [int(experiment_id)]
+    if since_ms is not None:
+        where += " AND r.end_time >= ?"
+        args.append(int(since_ms))
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) as db:
+        runs = pd.read_sql_query("SELECT r.run_uuid AS run_id, r.experiment_id, r.status, r.start_time, "
+                                 f"r.end_time FROM runs r WHERE {where}", db, params=args)
+        if known:
+            runs = runs[[known.get(i) != e for i, e in zip(runs["run_id"], runs["end_time"])]]
+        if runs.empty:
+            return pd.DataFrame()
+        ids = list(runs["run_id"]) if known else None
+
+        def wide(table: str, value: str) -> pd.DataFrame:
+            select = f"SELECT t.run_uuid AS run_id, t.key, {value} AS value FROM {table} t "
+            if ids is None:
+                rows = pd.read_sql_query(select + f"JOIN runs r ON r.run_uuid = t.run_uuid WHERE {where}",
+                                         db, params=args)
+            else:            # only the new runs, by id, in chunks under sqlite's limit on parameters
+                rows = pd.concat([pd.read_sql_query(select + f"WHERE t.run_uuid IN ({','.join('?' * len(chunk))})",
+                                                    db, params=chunk)
+                                  for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500))])
+            return rows.pivot(index="run_id", columns="key", values="value")
+
+        metrics = wide("latest_metrics", "CASE WHEN t.is_nan THEN NULL ELSE t.value END").astype(float)
+        params = wide("params", "t.value")
+        tags = wide("tags", "t.value")
+    params.columns = [f"params.{k}" if k in metrics.columns else k for k in params.columns]
+    tags.columns = [f"tags.{k}" for k in tags.columns]
+    frame = runs.set_index("run_id").join([tags, params, metrics]).reset_index()
+    frame.columns.name = None
+    frame["experiment_id"] = frame["experiment_id"].astype(str)
+    for column in ("start_time", "end_time"):
+        frame[column] = pd.to_datetime(frame[column], unit="ms", utc=True)
+    for column in NUMERIC_PARAMS:
+        if column in frame:
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame
+
+
+class RunsCache:
+    """Every group's ended runs (FINISHED, FAILED, KILLED), kept current by ``refresh``.
+
+    Thread-safe: the dashboard's callbacks run in threads. ``frame(group, status)`` returns a table
+    the caller may keep (never mutated afterwards: a refresh builds new tables).
+    """
+
+    def __init__(self, uri: str, groups=None):
+        from trials.groups import NAMES
+
+        self.uri, self.groups = uri, tuple(groups or NAMES)
+        self._lock = threading.Lock()
+        self._frames: dict[str, pd.DataFrame] = {}
+        self._newest_end: dict[str, int] = {}     # ms since the epoch, per group read
+        self._experiments: dict[str, str] = {}
+        self._mlflow = None
+        self._views: dict[tuple, tuple[int, pd.DataFrame]] = {}
+        self.version = 0                           # +1 whenever any group's table changed
+        self.last_read_s = 0.0                     # how long the last refresh took
+
+    def _client(self):
+        if self._mlflow is None:
+            from mlflow.tracking import MlflowClient
+
+            self._mlflow = MlflowClient(tracking_uri=self.uri)
+        return self._mlflow
+
+    def experiment_id(self, group: str) -> str | None:
+        with self._lock:
+            return self._experiments.get(group)
+
+    def refresh(self, full: bool = False) -> bool:
+        """Read what changed since the last refresh (everything when ``full`` or the first time);
+        True when some group's table changed."""
+        started = time.perf_counter()
+        client = self._client()
+        changed = False
+        with self._lock:
+            for group in self.groups:
+                changed |= self._refresh_group(client, group, full)
+            if changed:
+                self.version += 1
+        self.last_read_s = time.perf_counter() - started
+        return changed
+
+    def _read(self, client, group: str, since_ms: int | None = None, known: pd.DataFrame | None = None):
+        """The group's ended runs (that ended at or after ``since_ms``) as a table, less those in
+        ``known`` with the same end time."""
+        experiment = self._experiments[group]
+        holds = ({} if known is None or known.empty else
+                 dict(zip(known["run_id"], known["end_time"].dt.as_unit("ms").astype("int64"))))
+        if self.uri.startswith("sqlite:///"):
+            return sqlite_frame(self.uri[len("sqlite:///"):], experiment, since_ms, holds)
+        query = "attributes.status != 'RUNNING'"
+        if since_ms is not None:
+            query += f" and attributes.end_time >= {int(since_ms)}"
+        return to_frame([r for r in search(client, experiment, query)
+                         if holds.get(r.info.run_id) != r.info.end_time])
+
+    def _refresh_group(self, client, group: str, full: bool) -> bool:
+        if group not in self._experiments or full:
+            experiment = client.get_experiment_by_name(group)
+            if experiment is None:
+                return self._frames.pop(group, None) is not None
+            self._experiments[group] = experiment.experiment_id
+        old = self._frames.get(group)
+        if full or old is None:
+            frame = self._read(client, group)
+        else:
+            newest = self._newest_end.get(group)
+            new = self._read(client, group, None if newest is None else newest - CLOCK_MARGIN_MS, old)
+            if new.empty:
+                return False
+            frame = new if old.empty else pd.concat([old[~old["run_id"].isin(set(new["run_id"]))], new],
+                                                    ignore_index=True)
+        if not frame.empty:
+            frame = frame.sort_values("start_time", kind="stable").reset_index(drop=True)
+            self._newest_end[group] = int(frame["end_time"].max().value // 1_000_000)
+        self._frames[group] = frame
+        return True
+
+    def frame(self, group: str, status: str | None = "FINISHED", latest: bool = False) -> pd.DataFrame:
+        """The group's runs with ``status`` (None: every ended run, with its ``status`` column).
+        ``latest``: only each configuration's most recent run per status (``tags.config_hash``),
+        which is all a chart of "the most recent run per configuration" needs, however many times a
+        sweep was repeated."""
+        key = (group, status, latest)
+        with self._lock:
+            if key not in self._views or self._views[key][0] != self.version:
+                frame = self._frames.get(group, pd.DataFrame())
+                if not frame.empty and status is not None:
+                    frame = frame[frame["status"] == status].reset_index(drop=True)
+                if latest and not frame.empty and "tags.config_hash" in frame.columns:
+                    frame = (frame.drop_duplicates(["tags.config_hash", "status"], keep="last")
+                             .reset_index(drop=True))          # rows are in start-time order
+                self._views[key] = (self.version, frame)
+            return self._views[key][1]
+
+    def count(self) -> int:
+        """Ended runs over every group."""
+        with self._lock:
+            return sum(len(frame) for frame in self._frames.values())
+
+    def finished_hashes(self, group: str) -> set[str]:
+        frame = self.frame(group)
+        return set(frame["tags.config_hash"].dropna()) - {""} if "tags.config_hash" in frame else set()
