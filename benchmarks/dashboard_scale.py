@@ -22,7 +22,6 @@ Prints one table of times with the targets beside them; exits 1 if a target is m
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile

@@ -109,7 +109,6 @@ def deep_dive(section, frame) -> list:
                                                   step=step, debounce=True, style={"width": "6em"})],
                          style={"marginLeft": "1.5em"})
               for name, (label, default, step) in controls.items()]
-    defaults = {name: default for name, (_, default, _) in controls.items()}
     return [
         html.H3(getattr(section, "DEEP_DIVE_TITLE", "Per-model deep dive")),
         html.Div([html.Label(["Model: ", dcc.Dropdown(id=f"{group}-model", options=choices, value=choices[0],

@@ -22,8 +22,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import (MB, PROVENANCE_HOVER, count_range, device_names, has, latest,
-                                       points, provenance)
+from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, device_names, has, latest,
+                                       points)
 
 GROUP = "batching"
 TITLE = "Static batching — across models"
@@ -33,6 +33,7 @@ RUN_STATUS = None          # FINISHED and FAILED runs: FAILED 'oom' runs mark th
 THROUGHPUT_ID, PER_STREAM_ID, MEMORY_ID = "batching-throughput", "batching-per-stream", "batching-memory"
 KEYS = ["model", "precision", "batch_size", "device"]
 COLORS = qualitative.Plotly
+OOM = PROVENANCE + Hover(("reason", "reason", lambda row: str(row.get("tags.error") or "").split("\n")[0] or None, "{}"))
 
 
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -146,9 +147,9 @@ def _oom_traces(figure: go.Figure, rows: pd.DataFrame, order: list[str],
             y=_oom_height(part), mode="markers+text", text=["oom"] * len(part),
             textposition="top center",
             marker=dict(symbol="x", size=14, color=colors[series], line=dict(width=2)),
-            customdata=[c + [str(e)] for c, e in zip(provenance(part), part["tags.error"])],
+            customdata=OOM.rows(part),
             hovertemplate=(f"<b>{series}: did not fit</b><br>batch size: %{{x}}<br>"
-                           "%{customdata[8]}<br>" + PROVENANCE_HOVER + "<extra></extra>")))
+                           + OOM.lines("reason") + PROVENANCE_HOVER + "<extra></extra>")))
 
 
 def memory_figure(rows: pd.DataFrame, order: list[str], colors: dict[str, str]) -> go.Figure:

@@ -29,11 +29,6 @@ MB = 1024 * 1024
 EMULATED = "EMULATED"      # in provenance's device field iff the run's precision was emulated
 EMULATED_OPACITY = 0.5
 
-PROVENANCE_HOVER = ("ttft_s: %{customdata[0]}<br>tpot_s: %{customdata[1]}<br>"
-                    "peak memory: %{customdata[2]}<br>device: %{customdata[3]}<br>"
-                    "git sha: %{customdata[4]}<br>config_hash: %{customdata[5]}<br>"
-                    "repeats: %{customdata[6]} · run %{customdata[7]} (click: open it in MLflow)")
-RUN_ID_FIELD = 7           # provenance's field a click reads to open the run in the MLflow UI
 
 # plotly_white's look in a few lines: the named template is ~6.5 kB of JSON in every figure and takes
 # ~20 ms to copy into each one (a page of 25 charts spent most of its server time there).
@@ -59,7 +54,7 @@ def latest(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return frame.drop_duplicates(keys, keep="last").reset_index(drop=True)
 
 
-def _value(row: pd.Series, column: str):
+def _value(row, column: str):
     value = row.get(column)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -101,23 +96,71 @@ def device_text(row: pd.Series) -> str:
     return text
 
 
+class Hover:
+    """What a point shows on hover, from ONE list of fields ``(name, label, source, format)``: the
+    trace's ``customdata`` rows (``rows``) and its hovertemplate lines (``lines``) come from the same
+    list, so adding a field shifts nothing by hand. ``source`` is a column or ``row -> value``;
+    ``format`` a pattern for a number (``"{:.3f} s"``), ``"{}"`` for text, or ``value -> str``; a
+    missing value shows as n/a. Sections extend ``PROVENANCE`` (``PROVENANCE + Hover(...)``), so the
+    provenance fields come first in every trace and the app finds them by name."""
+
+    def __init__(self, *fields: tuple):
+        names = [f[0] for f in fields]
+        if len(set(names)) != len(names):
+            raise ValueError(f"hover fields named twice: {sorted(n for n in set(names) if names.count(n) > 1)}")
+        self.fields = tuple(fields)
+
+    def __add__(self, other: "Hover") -> "Hover":
+        return Hover(*self.fields, *other.fields)
+
+    def index(self, name: str) -> int:
+        return [f[0] for f in self.fields].index(name)
+
+    def lines(self, *names: str) -> str:
+        """``label: value<br>`` per named field (every field when none is named)."""
+        names = names or tuple(f[0] for f in self.fields)
+        return "".join(f"{self.fields[self.index(n)][1]}: %{{customdata[{self.index(n)}]}}<br>" for n in names)
+
+    def rows(self, frame: pd.DataFrame) -> list[list[str]]:
+        return [[_text(row, source, fmt) for _, _, source, fmt in self.fields]
+                for row in frame.to_dict("records")]
+
+
+def _text(row: dict, source, fmt) -> str:
+    value = source(row) if callable(source) else _value(row, source)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if callable(fmt):
+        return fmt(value)
+    if fmt == "{}":
+        return str(value)
+    number = pd.to_numeric(value, errors="coerce")
+    return "n/a" if pd.isna(number) else fmt.format(float(number))
+
+
+def _device_and_weights(row) -> str:
+    origin = _value(row, "tags.weights_origin")
+    return device_text(row) + (f"<br>weights: {origin}" if origin else "")
+
+
+PROVENANCE = Hover(
+    ("ttft", "ttft_s", "ttft_s", "{:.4f} s"),
+    ("tpot", "tpot_s", "tpot_s", "{:.5f} s"),
+    ("memory", "peak memory", "peak_memory_bytes", lambda v: f"{float(v) / MB:.1f} MB"),
+    ("device", "device", _device_and_weights, "{}"),
+    ("git", "git sha", lambda row: _short_sha(_value(row, "tags.env.git_sha")), "{}"),
+    ("config", "config_hash", "tags.config_hash", "{}"),
+    ("repeats", "repeats", "repeats", "{:.0f}"),
+    ("run", "run", "run_id", "{}"),             # the whole id: a click opens the run (assets/open_run.js)
+)
+PROVENANCE_HOVER = PROVENANCE.lines()[:-len("<br>")] + " (click: open it in MLflow)"
+RUN_ID_FIELD = PROVENANCE.index("run")          # the field a click reads to open the run in the MLflow UI
+DEVICE_FIELD = PROVENANCE.index("device")
+
+
 def provenance(rows: pd.DataFrame) -> list[list[str]]:
     """Per row, the hover fields of ``PROVENANCE_HOVER``, already formatted."""
-    data = []
-    for _, row in rows.iterrows():
-        sha = _value(row, "tags.env.git_sha")
-        run_id = _value(row, "run_id")
-        data.append([
-            _fmt(_value(row, "ttft_s"), "{:.4f} s"),
-            _fmt(_value(row, "tpot_s"), "{:.5f} s"),
-            _fmt(_value(row, "peak_memory_bytes"), "{:.1f} MB", 1 / MB),
-            device_text(row) + (f"<br>weights: {origin}" if (origin := _value(row, "tags.weights_origin")) else ""),
-            _short_sha(sha),
-            str(_value(row, "tags.config_hash") or "n/a"),
-            _fmt(_value(row, "repeats"), "{:.0f}"),
-            str(run_id) if run_id else "n/a",          # the whole id: a click opens the run (app.py)
-        ])
-    return data
+    return PROVENANCE.rows(rows)
 
 
 def _is_provenance_trace(trace) -> bool:
@@ -141,7 +184,7 @@ def mark_emulated(figure: go.Figure) -> go.Figure:
     for trace in figure.data:
         if not _is_provenance_trace(trace):
             continue
-        flags = [EMULATED in str(point[3]) for point in trace.customdata]
+        flags = [EMULATED in str(point[DEVICE_FIELD]) for point in trace.customdata]
         if not any(flags):
             continue
         opacity = [EMULATED_OPACITY if f else 1.0 for f in flags]

@@ -28,8 +28,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE_HOVER, count_range, device_names, has, latest,
-                                       points, provenance)
+from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, device_names, has, latest,
+                                       points)
 from trials import zoo
 from trials.kv_footprint import CATALOGUE, KVFootprintError, kv_footprint
 
@@ -53,10 +53,17 @@ BACKEND_COLORS = {"hqq": "#636efa", "quanto": "#00cc96"}
 KEYS = ["model", "device", "precision", "kv_bits", "kv_backend", "kv_group_size",
         "kv_residual_length", "context_tokens"]
 NUMERIC = ("kv_bits", "kv_group_size", "kv_residual_length", "context_tokens")
-KV_HOVER = ("measured: %{customdata[8]}<br>expected: %{customdata[9]}<br>"
-            "full-precision formula: %{customdata[10]}<br>"
-            "greedy token match: %{customdata[11]} (first divergence at token %{customdata[12]})<br>"
-            "teacher-forced KL: %{customdata[13]} nats/token · perplexity Δ %{customdata[14]}<br>")
+_MB = lambda v: f"{float(v) / MB:,.3f} MB"  # noqa: E731
+KV = PROVENANCE + Hover(
+    ("kv_measured", "KV cache, measured", "kv_cache_bytes", _MB),
+    ("kv_expected", "KV cache, expected", "kv_cache_bytes_expected", _MB),
+    ("kv_exact", "full-precision formula", "kv_cache_bytes_exact", _MB),
+    ("token_match", "greedy token match", "fidelity_token_match", "{:.1%}"),
+    ("divergence", "first divergence at token", "first_divergence_token", "{:.0f}"),
+    ("kl", "teacher-forced KL (nats/token)", "kl_divergence", "{:.2e}"),
+    ("ppl_delta", "perplexity Δ", "perplexity_delta", "{:+.3f}"),
+)
+KV_HOVER = KV.lines(*(f[0] for f in KV.fields[len(PROVENANCE.fields):]))
 
 
 # ------------------------------------------------------------------------------ rows
@@ -83,19 +90,7 @@ def _fmt(value, pattern: str, scale: float = 1.0) -> str:
 
 
 def _customdata(rows: pd.DataFrame) -> list[list[str]]:
-    """Provenance (``PROVENANCE_HOVER``) plus the bytes and fidelity of ``KV_HOVER``."""
-    data = []
-    for base, (_, row) in zip(provenance(rows), rows.iterrows()):
-        data.append(base + [
-            _fmt(row.get("kv_cache_bytes"), "{:,.3f} MB", 1 / MB),
-            _fmt(row.get("kv_cache_bytes_expected"), "{:,.3f} MB", 1 / MB),
-            _fmt(row.get("kv_cache_bytes_exact"), "{:,.3f} MB", 1 / MB),
-            _fmt(row.get("fidelity_token_match"), "{:.1%}"),
-            _fmt(row.get("first_divergence_token"), "{:.0f}"),
-            _fmt(row.get("kl_divergence"), "{:.2e}"),
-            _fmt(row.get("perplexity_delta"), "{:+.3f}"),
-        ])
-    return data
+    return KV.rows(rows)
 
 
 def _hover(name: str, x_title: str, y_title: str, x_format: str = ",.0f") -> str:

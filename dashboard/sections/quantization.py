@@ -25,8 +25,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE_HOVER, WHISKERS, count_range, device_names, has,
-                                       latest, precision_order, provenance, spread_error_bars)
+from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, WHISKERS, count_range, device_names, has,
+                                       latest, precision_order, spread_error_bars)
 from trials.config import PRECISIONS
 
 GROUP = "quantization"
@@ -42,8 +42,12 @@ INT8_TOLERANCE = 0.02          # "8-bit within a small delta of bf16": relative 
 FOUR_BIT = ("nf4", "gptq")
 COLORS = dict(zip(PRECISIONS, qualitative.Plotly))
 LAYOUT = dict(template=TEMPLATE, margin=dict(l=60, r=20, t=60, b=50), height=420)
-QUALITY_HOVER = ("perplexity: %{customdata[8]}<br>reference: %{customdata[9]}<br>"
-                 "token match vs reference: %{customdata[10]}<br>")
+QUALITY = PROVENANCE + Hover(
+    ("perplexity", "perplexity", "perplexity", "{:.3f}"),
+    ("reference", "reference", lambda row: _reference(row), "{}"),
+    ("token_match", "token match vs reference", "fidelity_token_match", "{:.1%}"),
+)
+QUALITY_HOVER = QUALITY.lines("perplexity", "reference", "token_match")
 
 
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -64,17 +68,13 @@ def _num(row: pd.Series, column: str) -> float | None:
     return None if pd.isna(value) else float(value)
 
 
+def _reference(row: dict) -> str | None:
+    ref = _num(row, "reference_perplexity")
+    return None if ref is None else f"{ref:.3f} ({row.get('tags.reference_precision') or 'reference'})"
+
+
 def _customdata(rows: pd.DataFrame) -> list[list[str]]:
-    """Provenance (``PROVENANCE_HOVER``) plus the quality numbers of ``QUALITY_HOVER``."""
-    data = []
-    for base, (_, row) in zip(provenance(rows), rows.iterrows()):
-        ppl, ref, match = (_num(row, c) for c in ("perplexity", "reference_perplexity",
-                                                   "fidelity_token_match"))
-        reference = row.get("tags.reference_precision") or "reference"
-        data.append(base + ["n/a" if ppl is None else f"{ppl:.3f}",
-                            "n/a" if ref is None else f"{ref:.3f} ({reference})",
-                            "n/a" if match is None else f"{match:.1%}"])
-    return data
+    return QUALITY.rows(rows)
 
 
 def pareto_optimal(rows: pd.DataFrame, x: str = "perplexity", y: str = "tok_per_s") -> list[bool]:

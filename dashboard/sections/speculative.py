@@ -32,7 +32,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import (TEMPLATE, PROVENANCE_HOVER, device_names, has, latest, provenance,
+from dashboard.sections.common import (TEMPLATE, PROVENANCE, PROVENANCE_HOVER, Hover, device_names, has, latest,
                                        spread_error_bars)
 from trials.theory import expected_tokens_per_pass
 
@@ -79,26 +79,18 @@ def pooled_alpha(part: pd.DataFrame) -> float | None:
     return None
 
 
-def _hover_rows(part: pd.DataFrame) -> list[list[str]]:
-    """Provenance plus the speculation numbers every speculative point shows on hover."""
-    data = []
-    for base, (_, row) in zip(provenance(part), part.iterrows()):
-        def f(column, pattern):
-            value = pd.to_numeric(row.get(column), errors="coerce")
-            return "n/a" if pd.isna(value) else pattern.format(float(value))
-        data.append(base + [f("num_draft_tokens", "{:.0f}"), f("acceptance_rate", "{:.1%}"),
-                            f("alpha", "{:.3f}"),
-                            f("tokens_per_target_pass", "{:.2f}"),
-                            f("expected_tokens_per_target_pass", "{:.2f}"), f("speedup", "{:.2f}x"),
-                            f("predicted_speedup", "{:.2f}x"), f("draft_cost_ratio", "{:.3f}"),
-                            f("lossless", "{:.0f}")])
-    return data
-
-
-SPEC_HOVER = ("k: %{customdata[8]} · accepted/proposed: %{customdata[9]} · α: %{customdata[10]}<br>"
-              "tokens per target pass: %{customdata[11]} (theory %{customdata[12]})<br>"
-              "speedup: %{customdata[13]} (predicted %{customdata[14]})<br>"
-              "draft cost ratio: %{customdata[15]} · lossless: %{customdata[16]}<br>")
+SPEC = PROVENANCE + Hover(
+    ("k", "k (draft tokens)", "num_draft_tokens", "{:.0f}"),
+    ("acceptance", "accepted/proposed", "acceptance_rate", "{:.1%}"),
+    ("alpha", "α", "alpha", "{:.3f}"),
+    ("per_pass", "tokens per target pass", "tokens_per_target_pass", "{:.2f}"),
+    ("per_pass_theory", "tokens per target pass, theory", "expected_tokens_per_target_pass", "{:.2f}"),
+    ("speedup", "speedup", "speedup", "{:.2f}x"),
+    ("speedup_predicted", "speedup, predicted", "predicted_speedup", "{:.2f}x"),
+    ("draft_cost", "draft cost ratio", "draft_cost_ratio", "{:.3f}"),
+    ("lossless", "lossless", "lossless", "{:.0f}"),
+)
+SPEC_HOVER = SPEC.lines(*(f[0] for f in SPEC.fields[len(PROVENANCE.fields):]))
 
 
 # ------------------------------------------------------------------------------ across models
@@ -120,7 +112,7 @@ def throughput_chart(best: pd.DataFrame) -> go.Figure:
             name=f"{name} (best k)", x=list(part["model"]), y=ys, marker_color=COLORS[speculation],
             error_y=spread_error_bars(part, "tok_per_s", ys),
             text=[f"{s:.2f}x, k={k:.0f}" for s, k in zip(part["speedup"], part["num_draft_tokens"])],
-            textposition="outside", customdata=_hover_rows(part),
+            textposition="outside", customdata=SPEC.rows(part),
             hovertemplate=f"<b>%{{x}}</b> · {name}<br>tok/s: %{{y:.1f}}<br>" + SPEC_HOVER
                           + PROVENANCE_HOVER + "<extra></extra>"))
     figure.update_layout(title="Decode throughput without vs with speculation (each at its best k)",
@@ -137,7 +129,7 @@ def acceptance_chart(best: pd.DataFrame) -> go.Figure:
             continue
         figure.add_trace(go.Bar(
             name=name, x=list(part["model"]), y=[100 * float(v) for v in part["acceptance_rate"]],
-            marker_color=COLORS[speculation], customdata=_hover_rows(part),
+            marker_color=COLORS[speculation], customdata=SPEC.rows(part),
             text=[f"k={k:.0f}" for k in part["num_draft_tokens"]], textposition="outside",
             hovertemplate=f"<b>%{{x}}</b> · {name}<br>acceptance: %{{y:.1f}}%<br>" + SPEC_HOVER
                           + PROVENANCE_HOVER + "<extra></extra>"))
@@ -171,7 +163,7 @@ def acceptance_vs_k(rows: pd.DataFrame, model: str) -> go.Figure:
         if part.empty:
             continue
         ks = [float(k) for k in part["num_draft_tokens"]]
-        color, custom = COLORS[speculation], _hover_rows(part)
+        color, custom = COLORS[speculation], SPEC.rows(part)
         figure.add_trace(go.Scatter(
             name=f"{name}: tokens per target pass", x=ks,
             y=[float(v) for v in part["tokens_per_target_pass"]], mode="lines+markers",
@@ -219,7 +211,7 @@ def throughput_vs_k(rows: pd.DataFrame, model: str) -> go.Figure:
         figure.add_trace(go.Scatter(
             name=f"{name} (measured)", x=ks, y=ys, mode="lines+markers",
             error_y=spread_error_bars(part, "tok_per_s", ys), line=dict(color=COLORS[speculation]),
-            marker=dict(size=10), customdata=_hover_rows(part),
+            marker=dict(size=10), customdata=SPEC.rows(part),
             hovertemplate=f"<b>{name}</b><br>k: %{{x}}<br>tok/s: %{{y:.1f}}<br>" + SPEC_HOVER
                           + PROVENANCE_HOVER + "<extra></extra>"))
         if "predicted_speedup" in part.columns:

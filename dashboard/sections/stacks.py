@@ -23,7 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import TEMPLATE, MB, PROVENANCE_HOVER, count_range, has, latest, provenance
+from dashboard.sections.common import TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, has, latest
 from trials.config import Stack, TrialConfig, Workload
 from trials.factorial import effects, factor_columns
 from trials.groups import SPEC_NEEDS_CROP
@@ -45,8 +45,13 @@ DEEP_DIVE_CONTROLS = {"min_token_match": ("quality budget: min token match", QUA
 LAYOUT = dict(template=TEMPLATE, margin=dict(l=70, r=20, t=60, b=50), height=440)
 COLORS = qualitative.Plotly
 NEEDED = ("model", "tok_per_s", "peak_memory_bytes", "tags.stack_name")
-STACK_HOVER = ("<b>%{text}</b><br>tok/s: %{x:.1f} (95 %: %{customdata[8]})<br>peak memory: %{y:.1f} MB<br>"
-               "parts: %{customdata[9]}<br>quality: %{customdata[10]}<br>")
+STACK = PROVENANCE + Hover(
+    ("interval", "tok/s 95 % interval", lambda row: _interval(row), "{}"),
+    ("parts", "parts", "tags.parts", "{}"),
+    ("quality", "quality", lambda row: _quality(row), "{}"),
+)
+STACK_HOVER = ("<b>%{text}</b><br>tok/s: %{x:.1f}<br>peak memory: %{y:.1f} MB<br>"
+               + STACK.lines("interval", "parts", "quality"))
 
 
 def _finished(frame: pd.DataFrame) -> pd.DataFrame:
@@ -63,14 +68,14 @@ def _rows(frame: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
-def _interval(row: pd.Series) -> str:
+def _interval(row) -> str:
     low, high = row.get("tok_per_s_ci_low"), row.get("tok_per_s_ci_high")
     if low is None or high is None or pd.isna(low) or pd.isna(high):
         return "n/a (one repeat)"
     return f"{float(low):.1f}–{float(high):.1f}"
 
 
-def _quality(row: pd.Series) -> str:
+def _quality(row) -> str:
     parts = [f"token match {float(row['fidelity_token_match']):.3f}"] if pd.notna(row.get("fidelity_token_match")) else []
     if pd.notna(row.get("kl_divergence")):
         parts.append(f"KL {float(row['kl_divergence']):.4f}")
@@ -80,8 +85,7 @@ def _quality(row: pd.Series) -> str:
 
 
 def _customdata(rows: pd.DataFrame) -> list[list[str]]:
-    return [base + [_interval(row), str(row.get("tags.parts", "")), _quality(row)]
-            for base, (_, row) in zip(provenance(rows), rows.iterrows())]
+    return STACK.rows(rows)
 
 
 def _error_x(rows: pd.DataFrame) -> dict | None:
