@@ -212,6 +212,8 @@ def measure(uri: str, folder: Path, rounds: int, refresh_s: float) -> dict[str, 
         times["server start (reads the store once)"] = time.monotonic() - started
         first_render(driver, url, graphs)                        # warm the browser's cache of the page's JS
         renders = [first_render(driver, url, graphs) for _ in range(rounds)]
+        driver.save_screenshot(str(folder / "dashboard.png"))
+        _log(f"screenshot of the first screen: {folder / 'dashboard.png'}")
         times["first render"] = statistics.median(first for first, _ in renders)
         times[f"every chart drawn ({graphs})"] = statistics.median(every for _, every in renders)
         _log("page loads (first screenful, every chart): "

@@ -27,6 +27,7 @@ from dash import Input, Output, State, dcc, html  # noqa: E402
 import tracking  # noqa: E402
 from dashboard.sections import SECTIONS  # noqa: E402
 from trials import groups  # noqa: E402
+from dashboard import compare  # noqa: E402
 from dashboard.reader import failed_runs, open_store, section_frame  # noqa: E402
 from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note  # noqa: E402
 
@@ -205,6 +206,7 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
                         title="every chart and caption in one file that opens offline (dashboard/export.py)"),
             dcc.Download(id="export-download"),
             html.Div(sections.children(), id="sections"),
+            compare_panel(),
         ], style={"maxWidth": "1100px", "margin": "0 auto", "padding": "1em",
                   "fontFamily": "system-ui, sans-serif"})
 
@@ -231,6 +233,7 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
     for section in SECTIONS:
         if hasattr(section, "deep_dive"):
             _register_deep_dive(app, section, sections)
+    _register_compare(app, runs)
     return app
 
 
@@ -246,6 +249,64 @@ def _register_deep_dive(app: dash.Dash, section, sections: RenderedSections) -> 
         chosen = {name: default if value is None else value
                   for (name, (_, default, _)), value in zip(controls.items(), values)}
         return sections.deep_dive(section, model, chosen)
+
+
+def compare_panel() -> html.Section:
+    """Two sweeps side by side (``dashboard/compare.py``), below the chart groups."""
+    return html.Section([
+        html.H2("Compare two sweeps"),
+        html.P("Per chart group, each configuration that ran in both: B / A of the chosen metric, whiskers "
+               "from the two runs' 95 % intervals over repeats; red where the intervals do not overlap "
+               "(a change beyond the measured noise), grey where they do, light grey where a run has "
+               "no interval.", style=MUTED),
+        html.Div([
+            dcc.RadioItems(id="compare-by", options=list(compare.BY), value="sweep", inline=True),
+            dcc.RadioItems(id="compare-metric", value="tok_per_s", inline=True, style={"marginLeft": "2em"},
+                           options=[{"label": f"{label} ({unit})", "value": name}
+                                    for name, (label, unit, _) in compare.METRICS.items()]),
+        ], style={"display": "flex", "flexWrap": "wrap"}),
+        html.Label(["A: ", dcc.Dropdown(id="compare-a", clearable=False, style={"width": "48em"})]),
+        html.Label(["B: ", dcc.Dropdown(id="compare-b", clearable=False, style={"width": "48em"})]),
+        html.Div(id="compare-charts"),
+    ], id="section-compare", style={"marginBottom": "2em"})
+
+
+def _compare_frames(runs: tracking.RunsCache) -> dict:
+    return {section.GROUP: runs.frame(section.GROUP, "FINISHED") for section in SECTIONS}
+
+
+def _register_compare(app: dash.Dash, runs: tracking.RunsCache) -> None:
+    @app.callback(Output("compare-a", "options"), Output("compare-b", "options"),
+                  Output("compare-a", "value"), Output("compare-b", "value"),
+                  Input("compare-by", "value"), Input("store-version", "data"),
+                  State("compare-a", "value"), State("compare-b", "value"))
+    def choices(by, _version, a, b):
+        """Every sweep (commit, machine) with finished runs, newest first; B defaults to the newest
+        and A to the one before it."""
+        options = [{"label": s["label"], "value": s["value"]} for s in compare.sides(_compare_frames(runs), by)]
+        values = [o["value"] for o in options]
+        if dash.ctx.triggered_id == "compare-by" or a not in values or b not in values:
+            b = values[0] if values else None
+            a = values[1] if len(values) > 1 else b
+        return options, options, a, b
+
+    @app.callback(Output("compare-charts", "children"),
+                  Input("compare-a", "value"), Input("compare-b", "value"), Input("compare-metric", "value"),
+                  State("compare-by", "value"))
+    def draw(a, b, metric, by):
+        if not a or not b:
+            return html.P("No finished runs to compare yet.", style=MUTED)
+        if a == b:
+            return html.P("Choose two different sweeps.", style=MUTED)
+        out = []
+        for group, frame in _compare_frames(runs).items():
+            table = compare.compare(frame, by, a, b, metric)
+            if table.empty:
+                out.append(html.P(f"{group}: no configuration ran in both.", id=f"compare-{group}-none", style=MUTED))
+            else:
+                out.append(dcc.Graph(id=f"compare-{group}", figure=compare.figure(table, group, metric, a, b),
+                                     config={"displaylogo": False}))
+        return out
 
 
 def main(argv: list[str] | None = None) -> int:
