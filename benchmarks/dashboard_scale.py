@@ -124,24 +124,12 @@ def _wait(driver, script: str, *args, timeout: float = 120.0):
 
 
 def expected_graphs(runs) -> tuple[int, dict[str, list[str]]]:
-    """How many charts the page draws (every section's, and its first model's deep dive), and each
-    deep-dive selector's models: from the same section code the app runs."""
-    from dashboard.app import _deep_dive_models
-    from dashboard.reader import section_frame
-    from dashboard.sections import SECTIONS
+    """How many charts the page draws, and each deep-dive selector's models (``app.page_graphs``)."""
+    from dashboard.app import page_graphs
 
-    count, selectors = 0, {}
-    for section in SECTIONS:
-        frame = section_frame(section, runs)
-        charts = section.figures(frame)
-        count += len(charts)
-        if charts and hasattr(section, "deep_dive"):
-            models = _deep_dive_models(section, frame)
-            if models:
-                defaults = {n: d for n, (_, d, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
-                count += len(section.deep_dive(frame, models[0], **defaults))
-                selectors[section.GROUP] = list(models)
-    return count, selectors
+    graphs = page_graphs(runs)
+    return (sum(len(g["charts"]) + len(g["deep_dive"]) for g in graphs.values()),
+            {group: g["models"] for group, g in graphs.items() if g["models"]})
 
 
 def first_render(driver, url: str, graphs: int) -> tuple[float, float]:

@@ -14,8 +14,10 @@ command fills it, and whether that group's trials exist yet.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import threading
+from html import escape
 from datetime import datetime
 from pathlib import Path
 
@@ -120,6 +122,23 @@ def deep_dive(section, frame) -> list:
     ]
 
 
+def page_graphs(runs: tracking.RunsCache) -> dict[str, dict]:
+    """Per section with charts: the ids of its charts, of its deep dive's charts (the first model, the
+    controls at their defaults) and the deep dive's models, from the same section code the page runs
+    (tests and benchmarks use it to know what the page must draw)."""
+    out = {}
+    for section in SECTIONS:
+        frame = section_frame(section, runs)
+        charts = [cid for cid, _ in section.figures(frame)]
+        if not charts:
+            continue
+        models = _deep_dive_models(section, frame) if hasattr(section, "deep_dive") else []
+        defaults = {n: d for n, (_, d, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
+        deep = [cid for cid, _ in section.deep_dive(frame, models[0], **defaults)] if models else []
+        out[section.GROUP] = {"charts": charts, "deep_dive": deep, "models": list(models)}
+    return out
+
+
 def render_sections(runs: tracking.RunsCache) -> list:
     loaded = html.P(f"Store: {runs.uri} · {runs.count()} runs · read {datetime.now():%Y-%m-%d %H:%M:%S}",
                     id="loaded-at", style=MUTED)
@@ -192,8 +211,8 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
         return html.Div([
             html.H1(PAGE_TITLE),
             html.P(["Each chart group is one MLflow experiment; each bar, one configuration's most "
-                    "recent finished run. Hover a bar to see where its number came from; click it to "
-                    "open its run in the MLflow UI at ", html.A(mlflow_ui, href=mlflow_ui, target="_blank"),
+                    "recent finished run. Hover a bar to see where its number came from; shift-click it "
+                    "for the trial's generated texts; click it to open its run in the MLflow UI at ", html.A(mlflow_ui, href=mlflow_ui, target="_blank"),
                     " (start it with ", html.Code("make mlflow-ui"), ", or give ", html.Code("--mlflow-ui URL"),
                     ")."], style=MUTED),
             html.Div(id="mlflow-ui", hidden=True,
@@ -234,6 +253,10 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
         if hasattr(section, "deep_dive"):
             _register_deep_dive(app, section, sections)
     _register_compare(app, runs)
+
+    @app.server.route("/run/<run_id>")
+    def run_texts(run_id: str):
+        return run_texts_page(runs, run_id, mlflow_ui)
     return app
 
 
@@ -249,6 +272,35 @@ def _register_deep_dive(app: dash.Dash, section, sections: RenderedSections) -> 
         chosen = {name: default if value is None else value
                   for (name, (_, default, _)), value in zip(controls.items(), values)}
         return sections.deep_dive(section, model, chosen)
+
+
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def run_texts_page(runs: tracking.RunsCache, run_id: str, mlflow_ui: str) -> tuple[str, int]:
+    """(HTML, status) of one trial's generated texts, from its trial.json; every text escaped."""
+    if not RUN_ID.fullmatch(run_id):
+        return "<p>Not a run id.</p>", 404
+    try:
+        trial = tracking.read_trial_artifact(runs.uri, run_id)
+    except Exception as exc:  # a run without the artifact, or one from another store
+        return f"<p>No trial.json for run {run_id}: {escape(type(exc).__name__)}</p>", 404
+    config = trial.get("config", {})
+    outputs = (trial.get("raw") or {}).get("outputs") or []
+    rows = "".join(f"<tr><td><code>{escape(str(o.get('prompt_id', '?')))}</code></td>"
+                   f"<td><pre style='white-space:pre-wrap;margin:0'>{escape(str(o.get('text', '')))}</pre></td></tr>"
+                   for o in outputs)
+    experiment = runs.experiment_id(str(config.get("group", ""))) or ""
+    link = f"{mlflow_ui.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
+    title = f"{config.get('group', '?')} · {config.get('model', '?')} · run {run_id}"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(title)}</title></head>"
+            "<body style='font-family:system-ui,sans-serif;max-width:1100px;margin:0 auto;padding:1em'>"
+            f"<h1>{escape(title)}</h1><p>Status {escape(str(trial.get('status', '?')))} · config_hash "
+            f"<code>{escape(str(trial.get('config_hash', '?')))}</code> · "
+            f"<a href='{escape(link)}'>open the run in MLflow</a></p>"
+            f"<h2>Generated texts ({len(outputs)}, first timed repeat)</h2>"
+            f"<table border='1' cellpadding='4' style='border-collapse:collapse'>"
+            f"<tr><th>prompt</th><th>generated</th></tr>{rows}</table></body></html>"), 200
 
 
 def compare_panel() -> html.Section:

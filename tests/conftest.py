@@ -120,6 +120,20 @@ def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
     return sweep
 
 
+@pytest.fixture(scope="session")
+def kv_store(tiny_zoo, tmp_path_factory) -> str:
+    from test_kv_cache import build_kv_store
+
+    return build_kv_store(tmp_path_factory.mktemp("kv-store"))
+
+
+@pytest.fixture(scope="session")
+def stacks_store(tiny_zoo, tmp_path_factory) -> str:
+    from test_stacks import build_stacks_store
+
+    return build_stacks_store(tmp_path_factory.mktemp("stacks-store"))
+
+
 @contextlib.contextmanager
 def mlflow_server(backend_uri: str, artifacts: Path):
     """A real `mlflow server` on a free loopback port; yields its URL, stops it afterwards."""

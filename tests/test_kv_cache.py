@@ -208,9 +208,10 @@ def test_quick_space_plans_every_precision_per_context_in_reference_order():
 
 # ------------------------------------------------------------------------------ dashboard
 
-@pytest.fixture
-def kv_store(tmp_path, tiny_zoo) -> str:
-    uri = tracking.resolve_uri(f"sqlite:///{tmp_path}/mlflow.db")
+def build_kv_store(folder) -> str:
+    """KV-cache trials of both tiny models at two contexts, logged through the real tracking API
+    (the session's ``kv_store`` fixture, conftest.py)."""
+    uri = tracking.resolve_uri(f"sqlite:///{folder}/mlflow.db")
     tracking.prepare_store(uri)
     for context in (64, 160):
         for bits, backend in KV_STACKS:

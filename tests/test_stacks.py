@@ -166,11 +166,11 @@ def test_speculation_alone_is_lossless_against_the_base(tiny_zoo):
 
 # ------------------------------------------------------------------------------ the section
 
-@pytest.fixture(scope="module")
-def stacks_store(tiny_zoo, tmp_path_factory) -> str:
+def build_stacks_store(folder) -> str:
     """The stacks design of tiny-gqa without nf4+compile (7 cells; kv, spec and compile never
-    together), run in this process and logged through the real tracking API."""
-    uri = tracking.resolve_uri(f"sqlite:///{tmp_path_factory.mktemp('stacks')}/mlflow.db")
+    together), run in this process and logged through the real tracking API (the session's
+    ``stacks_store`` fixture, conftest.py)."""
+    uri = tracking.resolve_uri(f"sqlite:///{folder}/mlflow.db")
     tracking.prepare_store(uri)
     for weights in (False, True):
         for kv, spec in ((False, False), (True, False), (False, True)):

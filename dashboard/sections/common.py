@@ -153,7 +153,8 @@ PROVENANCE = Hover(
     ("repeats", "repeats", "repeats", "{:.0f}"),
     ("run", "run", "run_id", "{}"),             # the whole id: a click opens the run (assets/open_run.js)
 )
-PROVENANCE_HOVER = PROVENANCE.lines()[:-len("<br>")] + " (click: open it in MLflow)"
+PROVENANCE_HOVER = (PROVENANCE.lines()[:-len("<br>")]
+                    + " (click: open it in MLflow · shift-click: its generated texts)")
 RUN_ID_FIELD = PROVENANCE.index("run")          # the field a click reads to open the run in the MLflow UI
 DEVICE_FIELD = PROVENANCE.index("device")
 

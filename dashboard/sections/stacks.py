@@ -170,7 +170,7 @@ def effects_chart(frame: pd.DataFrame, model: str) -> go.Figure:
         title += f"<br><sup>not estimable (never run together): {', '.join(missing)}</sup>"
     figure.add_vline(x=1.0, line_dash="dash", line_color="gray")
     figure.update_layout(title=title, xaxis_type="log", xaxis_title="multiplicative effect (log scale)",
-                         yaxis=dict(autorange="reversed"), **LAYOUT)
+                         yaxis=dict(autorange="reversed", title="factor or interaction"), **LAYOUT)
     return figure
 
 
