@@ -42,6 +42,21 @@ def fill_command(group: str) -> str:
     return f"python sweeps/full.py --groups {group}"
 
 
+def bind_warning(host: str) -> str | None:
+    """The line to print when ``--host`` lets other machines reach the dashboard, which has no login;
+    None for a loopback address."""
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:            # a host name: it may stand for any interface
+        loopback = False
+    if loopback:
+        return None
+    return (f"warning: --host {host} makes the dashboard reachable from other machines, and it has no "
+            "login; the default 127.0.0.1 with an SSH tunnel keeps it private")
+
+
 def empty_state(group: str, reason: str = "No finished runs yet.") -> html.Div:
     lines = [html.P(reason), html.P(["Fill it with: ", html.Code(fill_command(group))])]
     if not groups.get(group).implemented:
@@ -377,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"(default {REFRESH_S:.0f}; 0: only the Reload button)")
     parser.add_argument("--debug", action="store_true", help="Dash debug mode (reloader, dev tools)")
     args = parser.parse_args(argv)
+    if warning := bind_warning(args.host):
+        print(warning, file=sys.stderr)
     try:
         uri = tracking.reachable_uri(args.tracking_uri)
     except tracking.TrackingError as exc:

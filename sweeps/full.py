@@ -92,6 +92,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
     parser.add_argument("--address", default=None,
                         help="Ray cluster address, e.g. 'auto' on a `ray up` head node (default: local Ray)")
+    parser.add_argument("--wait-for-gpus", type=_positive_int, default=None, metavar="N",
+                        help="with --address: wait until the cluster has N GPUs before planning (the "
+                             "sweep sizes itself to the GPUs present when it starts; a `ray up` "
+                             "cluster's GPU workers join minutes after its head)")
     parser.add_argument("--workers", type=_positive_int, default=None,
                         help="trials at once (default: as many as the resources allow)")
     parser.add_argument("--cpus-per-trial", type=_positive_int, default=1,
@@ -126,11 +130,30 @@ def validate(args: argparse.Namespace) -> None:
     if not chosen:
         raise ConfigError(f"--groups is empty; valid: {', '.join(groups.implemented())}")
     args.groups = chosen
+    if args.wait_for_gpus and args.address is None:
+        raise ConfigError("--wait-for-gpus needs --address (a Ray cluster whose workers are starting)")
     if args.models is not None:
         if not args.models:
             raise ConfigError(f"--models is empty; valid: {', '.join(all_models())}")
         for model in args.models:
             get_model(model)
+
+
+# Environment variables the trials need on every node: Ray's runtime_env hands them to the workers,
+# so that a secret never has to be written into cluster.yaml or onto a node's disk.
+FORWARDED_ENV = ("HF_TOKEN",)   # gated Hugging Face models (Llama)
+
+
+def worker_env_vars() -> dict[str, str]:
+    return {name: os.environ[name] for name in FORWARDED_ENV if os.environ.get(name)}
+
+
+def wait_for_gpus(count: int, poll_s: float = 15.0) -> None:
+    import ray
+
+    while (present := ray.cluster_resources().get("GPU", 0)) < count:
+        log.info("waiting for GPUs: %g of %d have joined the cluster", present, count)
+        time.sleep(poll_s)
 
 
 def detect_device(address: str | None) -> str:
@@ -304,7 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.address is not None:
         import ray
 
-        ray.init(address=args.address, logging_level=logging.WARNING)
+        env_vars = worker_env_vars()
+        ray.init(address=args.address, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": env_vars} if env_vars else None)
+        if args.wait_for_gpus:
+            wait_for_gpus(args.wait_for_gpus)
     device = detect_device(args.address)
     if args.address is not None and uri.startswith("sqlite") and _alive_nodes() > 1:
         print("python sweeps/full.py: error: a multi-node Ray cluster needs a tracking server that "
