@@ -187,7 +187,6 @@ def test_compiled_decoding_compiles_in_the_warm_up_and_keeps_the_outputs(stacks_
     compiled = frame.loc["compile"]
     assert "torch.compile" in compiled["tags.parts"] and compiled["compile_warmup_s"] > 0
     assert compiled["compile_warmup_s"] > frame.loc[fast_precision("cpu"), "warmup_s"]
-    assert getattr(models.load("tiny-gqa", fast_precision("cpu"), "cpu").model, "_compiled_call", None) is not None
     assert 0.9 <= compiled["fidelity_token_match"] <= 1 and compiled["tok_per_s"] > 0
 
 
