@@ -116,6 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument("--rerun", action="store_true",
                         help="run configs again even if they already have a FINISHED run")
+    parser.add_argument("--flush", action="store_true",
+                        help="only deliver results spooled on this machine while their tracking store was "
+                             "unreachable (each to its own store, once), then exit")
     parser.add_argument("--summary-json", default=None,
                         help="also write the summary (counts, phase timings) to this JSON file")
     return parser.parse_args(argv)
@@ -315,12 +318,17 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     import tracking
 
+    if args.flush:
+        return flush_spool()
     try:
         validate(args)
         uri = tracking.reachable_uri(args.tracking_uri)
     except (ConfigError, tracking.TrackingError) as exc:
         print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
         return 2
+    delivered, left = tracking.deliver_spooled(uri)      # before planning: they count as done
+    if delivered or left:
+        print(f"Spooled results from an earlier outage: {delivered} delivered to {uri}, {left} still waiting")
 
     started = time.perf_counter()
     ray_start_s = 0.0
@@ -396,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         results = run_tune(to_run, args, uri, sweep_id, device, estimate_s)
         tune_s = time.perf_counter() - phase
         outcomes = collect_outcomes(results, uri, sweep_id)
+        tracking.deliver_spooled(uri)                    # what a worker spooled while the store was away
     elapsed_s = time.perf_counter() - started
     print_summary(all_configs, outcomes, skipped, uri, elapsed_s, ray_start_s)
     if to_run:
@@ -413,6 +422,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def flush_spool() -> int:
+    """``--flush``: deliver every spooled result; exit 0 when none is left."""
+    import tracking
+    from tracking import spool
+
+    waiting = len(spool.pending())
+    delivered, left = tracking.deliver_spooled(None)
+    print(f"Spool {spool.spool_dir()}: {waiting} result(s) waiting, {delivered} delivered, {left} left"
+          + (" (their store is still unreachable; run --flush again later)" if left else ""))
+    return 0 if not left else 1
+
+
 def collect_outcomes(results, uri: str, sweep_id: str) -> list[dict]:
     """One dict per trial; a trial whose worker died is recorded here as a FAILED run."""
     import tracking
@@ -420,11 +441,14 @@ def collect_outcomes(results, uri: str, sweep_id: str) -> list[dict]:
 
     outcomes = []
     for result in results:
-        if result.error is None and result.metrics:
+        if result.error is None and result.metrics and "trial_status" in result.metrics:
             outcomes.append(result.metrics)
             continue
+        if not result.config or "trial" not in result.config:
+            continue                          # a trial Tune created but never started (Ctrl-C)
         config = TrialConfig.from_dict(result.config["trial"])
-        reason = str(result.error).strip().splitlines()[-1] if result.error else "no result reported"
+        reason = (str(result.error).strip().splitlines()[-1] if result.error
+                  else "interrupted before it reported a result")
         failure = failed_result(config, RuntimeError(f"worker failed: {reason}"))
         tracking.log_trial(uri, failure, sweep_id=sweep_id)
         outcomes.append({"trial_status": "FAILED", "error": failure.error, "group": config.group,
@@ -445,6 +469,15 @@ def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s) -> No
         print(f"  {group:<14} finished {f:>3}  failed {x:>3}  skipped {skipped.get(group, 0):>3}")
     for o in failed:
         print(f"  FAILED {o.get('group')} {o.get('model')} {o.get('stack')}: {o.get('error')}")
+    planned = len(configs) - sum(skipped.values())
+    if len(outcomes) < planned:
+        print(f"  {planned - len(outcomes)} planned trial(s) never ran (interrupted); the same command again "
+              "runs only the configurations without a finished run")
+    from tracking import spool
+
+    if waiting := len(spool.pending(uri)):
+        print(f"  {waiting} result(s) spooled in {spool.spool_dir()} (the store was unreachable); the next sweep "
+              "or `python sweeps/full.py --flush` delivers them")
     print("\nLook at the runs:")
     print(f"  MLflow UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
           if uri.startswith("sqlite") else f"  MLflow UI:  {uri}")

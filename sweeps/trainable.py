@@ -40,7 +40,7 @@ def run_in_worker(params: dict) -> None:
     result.tags.update({"ray.node_id": context.get_node_id(), "ray.node_ip": ray.util.get_node_ip_address()})
     run_id = tracking.log_trial(params["tracking_uri"], result, sweep_id=params["sweep_id"])
     tune.report({
-        "trial_status": result.status, "error": result.error, "run_id": run_id,
+        "trial_status": result.status, "error": result.error, "run_id": run_id, "spooled": not run_id,
         "config_hash": config.config_hash, "model": config.model, "stack": config.stack.label,
         "group": config.group,
         **{k: result.metrics[k] for k in ("tok_per_s", "measured_s", "model_load_s", "ttft_s")

@@ -135,11 +135,13 @@ def stacks_store(tiny_zoo, tmp_path_factory) -> str:
 
 
 @contextlib.contextmanager
-def mlflow_server(backend_uri: str, artifacts: Path):
-    """A real `mlflow server` on a free loopback port; yields its URL, stops it afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def mlflow_server(backend_uri: str, artifacts: Path, port: int | None = None):
+    """A real `mlflow server` on a loopback port (a free one unless given); yields its URL, stops it
+    afterwards."""
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen(

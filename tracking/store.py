@@ -26,6 +26,11 @@ from trials.groups import NAMES as GROUPS
 
 TRIAL_ARTIFACT = "trial.json"
 _RETRIES = 5
+# MLflow retries an HTTP request 7 times with exponential backoff (minutes) by default; a worker whose
+# tracking server is away waits ~15 s and then spools its result instead (tracking.spool).
+for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                      ("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")):
+    os.environ.setdefault(_name, _value)
 
 
 class TrackingError(RuntimeError):
@@ -158,28 +163,80 @@ def _with_retry(fn):
 
 
 def log_trial(uri: str, result, sweep_id: str = "") -> str:
-    """Record one ``trials.run.TrialResult`` as a run; returns the run id."""
+    """Record one ``trials.run.TrialResult`` as a run; returns the run id, or "" when the store
+    could not be reached: then the result is spooled on local disk (``tracking.spool``) and delivered
+    later, once. A successful log also delivers what this machine spooled for the same store."""
+    import uuid
+
+    record = {"result": result.to_dict(), "sweep_id": sweep_id, "trial_key": uuid.uuid4().hex}
+    try:
+        run_id = write_record(uri, record)
+    except Exception as exc:
+        if not _unreachable(uri, exc):
+            raise
+        from tracking import spool
+
+        path = spool.save(uri, record, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+        print(f"warning: tracking store {uri} unreachable; result spooled to {path} (delivered when it is "
+              "back: the next trial, the next sweep, or `python sweeps/full.py --flush`)", flush=True)
+        return ""
+    deliver_spooled(uri)
+    return run_id
+
+
+def _unreachable(uri: str, exc: Exception) -> bool:
+    """The write failed because the store is away (a server down, sqlite locked past the retries),
+    not because of what was written."""
+    if "locked" in str(exc).lower():
+        return True
+    try:
+        check_reachable(uri, timeout_s=5)
+    except TrackingError:
+        return True
+    return False
+
+
+def deliver_spooled(uri: str | None = None) -> tuple[int, int]:
+    """Deliver spooled results (to ``uri``, or each to its own store); (delivered, left). Never raises."""
+    from tracking import spool
+
+    try:
+        return spool.deliver(uri, write_record)
+    except Exception:  # the spool is best effort on top of the run that was just logged
+        return 0, len(spool.pending(uri))
+
+
+def write_record(uri: str, record: dict) -> str:
+    """Write one result (``log_trial``'s record: the result as a dict, sweep_id, trial_key) as a run,
+    at most once per trial_key: a run with that key that ended means done; one still RUNNING (a write
+    cut short) is deleted and written again."""
     from mlflow.entities import Metric, Param
 
-    config = result.config
+    from trials.config import TrialConfig
+
+    data, key = record["result"], record["trial_key"]
+    config = TrialConfig.from_dict(data["config"])
     client = _client(uri)
     experiment_id = _experiment_id(client, config.group)
+    for run in client.search_runs([experiment_id], f"tags.trial_key = '{key}'", max_results=10):
+        if run.info.status in ("FINISHED", "FAILED", "KILLED"):
+            return run.info.run_id
+        client.delete_run(run.info.run_id)
     tags = {"group": config.group, "model": config.model, "config_hash": config.config_hash,
-            "stack": config.stack.label, "sweep_id": sweep_id, **result.tags}
-    if result.error:
-        tags["error"] = result.error[:4000]
+            "stack": config.stack.label, "sweep_id": record["sweep_id"], "trial_key": key, **data["tags"]}
+    if data.get("error"):
+        tags["error"] = data["error"][:4000]
     now = int(time.time() * 1000)
 
     def write() -> str:
-        run = client.create_run(experiment_id, run_name=f"{config.model} {config.stack.label}",
-                                tags=tags)
+        run = client.create_run(experiment_id, run_name=f"{config.model} {config.stack.label}", tags=tags)
         run_id = run.info.run_id
-        metrics = [Metric(k, float(v), now, 0) for k, v in result.metrics.items()
+        metrics = [Metric(k, float(v), now, 0) for k, v in data["metrics"].items()
                    if v is not None and math.isfinite(float(v))]
         params = [Param(k, v) for k, v in config.flat_params().items()]
         client.log_batch(run_id, metrics=metrics, params=params, tags=[])
-        client.log_text(run_id, json.dumps(result.to_dict(), indent=1), TRIAL_ARTIFACT)
-        client.set_terminated(run_id, status=result.status)
+        client.log_text(run_id, json.dumps(data, indent=1), TRIAL_ARTIFACT)
+        client.set_terminated(run_id, status=data["status"])
         return run_id
 
     return _with_retry(write)
