@@ -116,6 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument("--rerun", action="store_true",
                         help="run configs again even if they already have a FINISHED run")
+    parser.add_argument("--max-failures", type=int, default=1, metavar="N",
+                        help="retry a trial whose worker died (SIGKILL, OOM killer, lost node) up to N times "
+                             "(default 1; a trial that raises is a FAILED run and is not retried)")
     parser.add_argument("--flush", action="store_true",
                         help="only deliver results spooled on this machine while their tracking store was "
                              "unreachable (each to its own store, once), then exit")
@@ -126,6 +129,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def validate(args: argparse.Namespace) -> None:
     """Raise ConfigError (one line) for bad groups or models, before anything starts."""
+    if args.max_failures < 0:
+        raise ConfigError(f"--max-failures must be 0 or more, not {args.max_failures}")
     chosen = args.groups if args.groups is not None else groups.implemented()
     for name in chosen:
         if not groups.get(name).implemented:
@@ -307,6 +312,7 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
         param_space=param_space,
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers),
         run_config=tune.RunConfig(name=sweep_id, storage_path=args.storage_path, verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=args.max_failures),
                                   callbacks=[ProgressPrinter(len(configs), estimate_s)]),
     )
     return tuner.fit()

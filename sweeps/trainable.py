@@ -5,7 +5,8 @@ granted CPUs (two trials sharing a machine must not fight over cores, or each sl
 numbers), runs the measurement loop, and logs the run to MLflow itself, so a result is stored the
 moment it exists and survives a driver that dies. A trial that raises is recorded as a FAILED run
 with its one-line reason and reported to Tune as an ordinary result: one bad trial never stops the
-sweep.
+sweep. A worker that dies mid-trial (SIGKILL) reports nothing; Tune retries the trial
+(``--max-failures``), and the retry logs the dead attempt as a FAILED run that says so.
 """
 
 from __future__ import annotations
@@ -26,9 +27,32 @@ def granted_cpus() -> int | None:
     return max(1, int(cpus)) if cpus else None
 
 
+ATTEMPTS_FILE = "attempts.txt"
+
+
+def record_attempt() -> int:
+    """This trial's attempt number (1 the first time), counted in Tune's trial folder: a worker
+    killed mid-trial (SIGKILL, the OOM killer, a lost node) reports nothing, and Tune starts the
+    trial again (``FailureConfig``); the next attempt finds the count there."""
+    from pathlib import Path
+
+    folder = Path(tune.get_context().get_trial_dir())
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ATTEMPTS_FILE
+    attempt = (int(path.read_text() or 0) if path.exists() else 0) + 1
+    path.write_text(str(attempt))
+    return attempt
+
+
 def run_in_worker(params: dict) -> None:
     logging.basicConfig(level=logging.WARNING)
     config = TrialConfig.from_dict(params["trial"])
+    attempt = record_attempt()
+    if attempt > 1:   # the attempts before this one died without a word: say so in the store
+        died = failed_result(config, RuntimeError(
+            f"worker died before reporting (attempt {attempt - 1}); Ray Tune retried the trial"))
+        died.tags["attempt"] = str(attempt - 1)
+        tracking.log_trial(params["tracking_uri"], died, sweep_id=params["sweep_id"])
     runtime = Runtime(num_threads=granted_cpus(), git_sha=params["git_sha"],
                       sweep_id=params["sweep_id"],
                       memory_budget_bytes=params.get("memory_budget_bytes"))
@@ -37,7 +61,8 @@ def run_in_worker(params: dict) -> None:
     except Exception as exc:  # recorded as a FAILED run; the sweep goes on
         result = failed_result(config, exc)
     context = ray.get_runtime_context()
-    result.tags.update({"ray.node_id": context.get_node_id(), "ray.node_ip": ray.util.get_node_ip_address()})
+    result.tags.update({"ray.node_id": context.get_node_id(), "ray.node_ip": ray.util.get_node_ip_address(),
+                        "attempt": str(attempt)})
     run_id = tracking.log_trial(params["tracking_uri"], result, sweep_id=params["sweep_id"])
     tune.report({
         "trial_status": result.status, "error": result.error, "run_id": run_id, "spooled": not run_id,

@@ -9,6 +9,7 @@ run it, `make test` does not (two server start-ups, ~25 s).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,80 @@ def test_a_half_written_run_is_replaced_not_duplicated(tmp_path, spool_folder):
     spool.save(uri, record, "test")                                  # the same result spooled twice
     assert tracking.deliver_spooled(uri) == (1, 0)
     assert len(tracking.runs_frame(uri, "baseline", status=None)) == 1
+
+
+@pytest.mark.faults
+def test_a_worker_killed_mid_trial_is_retried_once(tiny_zoo, tmp_path):
+    """SIGKILL to the Ray worker running a trial (after it started: its attempt is counted): Tune
+    retries it; the store ends with exactly one FINISHED run for that configuration and the dead
+    attempt as a FAILED run that says so."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    results = tmp_path / "ray_results"
+    sweep = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "baseline",
+                              "--models", "tiny-gqa", "--workers", "1", "--budget", "10s", "--tracking-uri", uri,
+                              "--storage-path", str(results)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed = None
+    deadline = time.monotonic() + 600
+    while killed is None and time.monotonic() < deadline and sweep.poll() is None:
+        if list(results.rglob("attempts.txt")):
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                if any("ImplicitFunc" in part for part in (proc.info["cmdline"] or [])):
+                    os.kill(proc.info["pid"], signal.SIGKILL)
+                    killed = proc.info["pid"]
+                    break
+        time.sleep(0.05)
+    out, _ = sweep.communicate(timeout=600)
+    assert killed, "no trial worker to kill:\n" + out[-3000:]
+    assert sweep.returncode == 0, out[-3000:]
+    every = tracking.runs_frame(uri, "baseline", status=None)
+    killed_config = every[every["tags.error"].fillna("").str.contains("worker died before reporting")]
+    assert len(killed_config) == 1, out[-3000:]
+    mine = every[every["tags.config_hash"] == killed_config["tags.config_hash"].iloc[0]]
+    assert sorted(mine["status"]) == ["FAILED", "FINISHED"], mine[["status", "tags.error"]]
+    assert (every.groupby("tags.config_hash")["status"].apply(lambda s: (s == "FINISHED").sum()) == 1).all()
+
+
+@pytest.mark.faults
+def test_a_killed_driver_resumes_without_running_anything_twice(tiny_zoo, tmp_path):
+    """SIGKILL to the sweep's whole process group (driver, local Ray, workers) once the first run is
+    in the store; the same command again runs only the configurations without a FINISHED run: in the
+    end each configuration has exactly one FINISHED run (the trial that was mid-flight is re-run once)."""
+    import os
+    import signal
+    import time
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    command = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "baseline", "--models",
+               "tiny-gqa,tiny-mha", "--workers", "1", "--budget", "10s", "--tracking-uri", uri,
+               "--storage-path", str(tmp_path / "ray_results")]
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            try:
+                if len(tracking.runs_frame(uri, "baseline")):
+                    break
+            except Exception:  # the store is being created
+                pass
+            time.sleep(0.2)
+        assert first.poll() is None, "the sweep ended before it could be killed"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    before = tracking.runs_frame(uri, "baseline")
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    skipped = re.search(r"^  baseline +finished +(\d+) +failed +(\d+) +skipped +(\d+)$", again.stdout, re.M)
+    assert skipped and int(skipped.group(3)) == len(before), again.stdout[-3000:]
+    after = tracking.runs_frame(uri, "baseline")
+    per_config = after.groupby("tags.config_hash").size()
+    assert (per_config == 1).all(), per_config
+    assert len(per_config) == len(before) + int(skipped.group(1))
