@@ -1,0 +1,140 @@
+"""Bad input, a catalogue: each kind gives one clear line (exit code 2), no traceback, and leaves the
+store byte-for-byte unchanged.
+
+Every command is called in-process through its own ``main(argv)`` (the function its script runs), so
+the catalogue is fast; ``python sweeps/full.py`` as a subprocess is covered by test_sweep. A store
+with one logged run is hashed before and after each case. argparse's own errors (a wrong type, a
+choice that does not exist) are its usage line plus one error line, and exit 2 likewise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+import tracking
+from trials.config import Stack, TrialConfig, Workload
+from trials.loop import TrialResult
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("bad-input-store")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    tracking.prepare_store(uri)
+    config = TrialConfig(group="baseline", model="tiny-gqa", stack=Stack(precision="fp32"),
+                         workload=Workload("mixed", 1, 8), repeats=1)
+    tracking.log_trial(uri, TrialResult(config, "FINISHED", metrics={"tok_per_s": 1.0}))
+    return uri
+
+
+def _digest(uri: str) -> str:
+    return hashlib.sha256(open(uri[len("sqlite:///"):], "rb").read()).hexdigest()
+
+
+def _folder(tmp_path, name: str, config: str | None) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(config)
+    return str(folder)
+
+
+def _trial_json(**changes) -> str:
+    base = {"group": "baseline", "model": "tiny-gqa", "stack": {"precision": "fp32"},
+            "workload": {"prompt_set": "mixed", "prompts_per_type": 1, "max_new_tokens": 8}, "repeats": 1}
+    for key, value in changes.items():
+        if key in ("stack", "workload"):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return json.dumps(base)
+
+
+def _sweep(*argv):
+    from sweeps.full import main
+
+    return main, list(argv)
+
+
+def _trial(**changes):
+    from trials.run import main
+
+    return main, ["--config", _trial_json(**changes)]
+
+
+# (kind, command factory taking (store uri, tmp_path), text the line must contain)
+CASES = [
+    ("unknown group", lambda uri, tmp: _sweep("--groups", "nosuch", "--tracking-uri", uri), "nosuch"),
+    ("empty group list", lambda uri, tmp: _sweep("--groups", "", "--tracking-uri", uri), "--groups"),
+    ("unknown model", lambda uri, tmp: _sweep("--models", "nosuch-model", "--tracking-uri", uri), "nosuch-model"),
+    ("unknown profile", lambda uri, tmp: _sweep("--profile", "huge", "--tracking-uri", uri), "huge"),
+    ("budget not a duration", lambda uri, tmp: _sweep("--budget", "soon", "--tracking-uri", uri), "soon"),
+    ("memory budget not a size", lambda uri, tmp: _sweep("--memory-budget", "lots", "--tracking-uri", uri), "lots"),
+    ("zero workers", lambda uri, tmp: _sweep("--workers", "0", "--tracking-uri", uri), "--workers"),
+    ("negative retries", lambda uri, tmp: _sweep("--max-failures", "-1", "--tracking-uri", uri), "--max-failures"),
+    ("waiting for GPUs without a cluster", lambda uri, tmp: _sweep("--wait-for-gpus", "2", "--tracking-uri", uri),
+     "--address"),
+    ("unreachable tracking server", lambda uri, tmp: _sweep("--tracking-uri", "http://127.0.0.1:9"), "unreachable"),
+    ("tracking URI of another kind", lambda uri, tmp: _sweep("--tracking-uri", "ftp://x"), "unsupported"),
+    ("tracking URI without a scheme", lambda uri, tmp: _sweep("--tracking-uri", str(tmp)), "no scheme"),
+    ("sqlite store in a missing folder", lambda uri, tmp: _sweep("--tracking-uri", "sqlite:////nonexistent/x.db"),
+     "does not exist"),
+    ("model folder without config.json",
+     lambda uri, tmp: _sweep("--models", _folder(tmp, "empty-model", None), "--tracking-uri", uri), "config.json"),
+    ("model folder with a broken config.json",
+     lambda uri, tmp: _sweep("--models", _folder(tmp, "broken-model", "{not json"), "--tracking-uri", uri),
+     "config.json"),
+    ("model folder whose config names no model_type",
+     lambda uri, tmp: _sweep("--models", _folder(tmp, "typeless-model", "{}"), "--tracking-uri", uri), "model_type"),
+    ("trial: unknown model", lambda uri, tmp: _trial(model="nosuch-model"), "nosuch-model"),
+    ("trial: unknown precision", lambda uri, tmp: _trial(stack={"precision": "fp7"}), "fp7"),
+    ("trial: unknown group", lambda uri, tmp: _trial(group="nosuch"), "nosuch"),
+    ("trial: unknown config key", lambda uri, tmp: _trial(colour="blue"), "colour"),
+    ("trial: malformed JSON", lambda uri, tmp: (__import__("trials.run", fromlist=["main"]).main, ["--config", "{oops"]),
+     "Expecting"),
+    ("trial: k <= 0 draft tokens",
+     lambda uri, tmp: _trial(group="speculative", stack={"speculation": "draft", "draft_model": "tiny-draft",
+                                                         "num_draft_tokens": 0}), "k"),
+    ("trial: speculation with batch > 1",
+     lambda uri, tmp: _trial(group="speculative", stack={"speculation": "prompt_lookup", "num_draft_tokens": 4,
+                                                         "batch_size": 2}), "batch"),
+    ("trial: KV bits that exist nowhere",
+     lambda uri, tmp: _trial(group="kv_cache", stack={"kv_bits": 3, "kv_backend": "quanto"},
+                             workload={"context_tokens": 64}), "kv_bits 3"),
+    ("trial: KV bits the backend cannot pack",
+     lambda uri, tmp: _trial(group="kv_cache", stack={"kv_bits": 8, "kv_backend": "quanto"},
+                             workload={"context_tokens": 64}), "quanto"),
+    ("trial: fp16 on a CPU", lambda uri, tmp: _trial(stack={"precision": "fp16"}), "CUDA"),
+    ("trial: zero repeats", lambda uri, tmp: _trial(repeats=0), "repeats"),
+    ("dashboard: unreachable store",
+     lambda uri, tmp: (__import__("dashboard.app", fromlist=["main"]).main, ["--tracking-uri", "http://127.0.0.1:9"]),
+     "unreachable"),
+    ("export: unwritable output",
+     lambda uri, tmp: (__import__("dashboard.export", fromlist=["main"]).main,
+                       ["--tracking-uri", uri, "--out", str(tmp / "no" / "such" / "report.html")]), "cannot write"),
+]
+
+
+@pytest.mark.parametrize("kind, make, needle", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_changes_nothing(kind, make, needle, store, tmp_path, capsys):
+    before = _digest(store)
+    main, argv = make(store, tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:              # argparse: usage line + one error line
+        code = exit_.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
+    lines = [line for line in lines if "INFO" not in line and "WARNING" not in line]
+    assert code == 2, (kind, code, err)
+    assert "Traceback" not in err, (kind, err)
+    assert len(lines) == 1, (kind, err)
+    assert needle in lines[0], (kind, lines[0])
+    assert _digest(store) == before, f"{kind}: the store changed"
+
+
+def test_the_catalogue_has_at_least_25_kinds():
+    assert len(CASES) >= 25 and len({c[0] for c in CASES}) == len(CASES)
