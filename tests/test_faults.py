@@ -105,8 +105,9 @@ def test_a_worker_killed_mid_trial_is_retried_once(tiny_zoo, tmp_path):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     results = tmp_path / "ray_results"
+    # the quick profile as written (no --budget): each trial runs seconds, so the kill lands mid-trial
     sweep = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "baseline",
-                              "--models", "tiny-gqa", "--workers", "1", "--budget", "10s", "--tracking-uri", uri,
+                              "--models", "tiny-gqa", "--workers", "1", "--tracking-uri", uri,
                               "--storage-path", str(results)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed = None
@@ -123,6 +124,7 @@ def test_a_worker_killed_mid_trial_is_retried_once(tiny_zoo, tmp_path):
     assert killed, "no trial worker to kill:\n" + out[-3000:]
     assert sweep.returncode == 0, out[-3000:]
     every = tracking.runs_frame(uri, "baseline", status=None)
+    assert "tags.error" in every.columns, (every[["status"]], out[-3000:])
     killed_config = every[every["tags.error"].fillna("").str.contains("worker died before reporting")]
     assert len(killed_config) == 1, out[-3000:]
     mine = every[every["tags.config_hash"] == killed_config["tags.config_hash"].iloc[0]]
@@ -132,19 +134,19 @@ def test_a_worker_killed_mid_trial_is_retried_once(tiny_zoo, tmp_path):
 
 @pytest.mark.faults
 def test_a_killed_driver_resumes_without_running_anything_twice(tiny_zoo, tmp_path):
-    """SIGKILL to the sweep's whole process group (driver, local Ray, workers) once the first run is
-    in the store; the same command again runs only the configurations without a FINISHED run: in the
-    end each configuration has exactly one FINISHED run (the trial that was mid-flight is re-run once)."""
-    import os
-    import signal
+    """SIGKILL to the sweep's driver and every process it started (its local Ray: GCS, raylet, the
+    workers) once the first run is in the store; the same command again runs only the configurations
+    without a FINISHED run: in the end each configuration has exactly one FINISHED run (the trial that
+    was mid-flight is re-run once)."""
     import time
+
+    import psutil
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "baseline", "--models",
                "tiny-gqa,tiny-mha", "--workers", "1", "--budget", "10s", "--tracking-uri", uri,
                "--storage-path", str(tmp_path / "ray_results")]
-    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     try:
         while time.monotonic() < deadline and first.poll() is None:
@@ -156,14 +158,23 @@ def test_a_killed_driver_resumes_without_running_anything_twice(tiny_zoo, tmp_pa
             time.sleep(0.2)
         assert first.poll() is None, "the sweep ended before it could be killed"
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
+        try:
+            tree = [first, *psutil.Process(first.pid).children(recursive=True)]   # Ray starts in its own sessions
+        except psutil.NoSuchProcess:
+            tree = [first]
+        for proc in tree:
+            try:
+                proc.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
         first.wait(timeout=60)
+        psutil.wait_procs([p for p in tree if isinstance(p, psutil.Process)], timeout=60)
     before = tracking.runs_frame(uri, "baseline")
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    skipped = re.search(r"^  baseline +finished +(\d+) +failed +(\d+) +skipped +(\d+)$", again.stdout, re.M)
-    assert skipped and int(skipped.group(3)) == len(before), again.stdout[-3000:]
+    counts = re.search(r"^  baseline +finished +(\d+) +failed +(\d+) +skipped +(\d+)$", again.stdout, re.M)
+    assert counts and int(counts.group(3)) == len(before), again.stdout[-3000:]
     after = tracking.runs_frame(uri, "baseline")
     per_config = after.groupby("tags.config_hash").size()
     assert (per_config == 1).all(), per_config
-    assert len(per_config) == len(before) + int(skipped.group(1))
+    assert len(per_config) == len(before) + int(counts.group(1))

@@ -41,8 +41,11 @@ def _row(run) -> dict:
 def to_frame(runs) -> pd.DataFrame:
     """MLflow ``Run`` entities as one table (see the module's docstring for its columns)."""
     frame = pd.DataFrame([_row(run) for run in runs])
-    if frame.empty:
-        return frame
+    return frame if frame.empty else _typed(frame)
+
+
+def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    """Times as UTC timestamps, the numeric params as numbers: one table whichever way it was read."""
     for column in ("start_time", "end_time"):
         frame[column] = pd.to_datetime(frame[column], unit="ms", utc=True)
     for column in NUMERIC_PARAMS:
@@ -105,12 +108,7 @@ def sqlite_frame(path: str, experiment_id: str, since_ms: int | None = None,
     frame = runs.set_index("run_id").join([tags, params, metrics]).reset_index()
     frame.columns.name = None
     frame["experiment_id"] = frame["experiment_id"].astype(str)
-    for column in ("start_time", "end_time"):
-        frame[column] = pd.to_datetime(frame[column], unit="ms", utc=True)
-    for column in NUMERIC_PARAMS:
-        if column in frame:
-            frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    return frame
+    return _typed(frame)
 
 
 class RunsCache:
