@@ -27,7 +27,7 @@ import dash  # noqa: E402
 from dash import Input, Output, State, dcc, html  # noqa: E402
 
 import tracking  # noqa: E402
-from dashboard.sections import SECTIONS  # noqa: E402
+from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults  # noqa: E402
 from trials import groups  # noqa: E402
 from dashboard import compare  # noqa: E402
 from dashboard.reader import failed_runs, open_store, section_frame  # noqa: E402
@@ -104,12 +104,6 @@ def _graphs(charts) -> list:
             for cid, fig in charts]
 
 
-def _deep_dive_models(section, frame) -> list[str]:
-    if hasattr(section, "deep_dive_models"):
-        return list(section.deep_dive_models(frame))
-    return sorted(frame["model"].dropna().unique()) if "model" in frame.columns else []
-
-
 def deep_dive(section, frame) -> list:
     """A section's per-model charts under a model selector (``{group}-model``), if it has them.
 
@@ -118,7 +112,7 @@ def deep_dive(section, frame) -> list:
     """
     if not hasattr(section, "deep_dive"):
         return []
-    choices = _deep_dive_models(section, frame)
+    choices = deep_dive_choices(section, frame)
     if not choices:
         return []
     group = section.GROUP
@@ -147,8 +141,8 @@ def page_graphs(runs: tracking.RunsCache) -> dict[str, dict]:
         charts = [cid for cid, _ in section.figures(frame)]
         if not charts:
             continue
-        models = _deep_dive_models(section, frame) if hasattr(section, "deep_dive") else []
-        defaults = {n: d for n, (_, d, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
+        models = deep_dive_choices(section, frame) if hasattr(section, "deep_dive") else []
+        defaults = deep_dive_defaults(section)
         deep = [cid for cid, _ in section.deep_dive(frame, models[0], **defaults)] if models else []
         out[section.GROUP] = {"charts": charts, "deep_dive": deep, "models": list(models)}
     return out
@@ -195,9 +189,9 @@ class RenderedSections:
         for section in SECTIONS:
             if not hasattr(section, "deep_dive"):
                 continue
-            defaults = {name: default for name, (_, default, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
+            defaults = deep_dive_defaults(section)
             try:
-                for model in _deep_dive_models(section, section_frame(section, self.runs)):
+                for model in deep_dive_choices(section, section_frame(section, self.runs)):
                     if self._version != version:          # the store changed: that drawing starts over
                         return
                     self.deep_dive(section, model, defaults)

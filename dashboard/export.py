@@ -24,7 +24,7 @@ import plotly.offline  # noqa: E402
 
 import tracking  # noqa: E402
 from dashboard.reader import failed_runs, open_store, section_frame  # noqa: E402
-from dashboard.sections import SECTIONS  # noqa: E402
+from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults  # noqa: E402
 from dashboard.sections.common import emulation_note, mark_emulated, real_model_note  # noqa: E402
 
 TITLE = "Which inference optimizations actually help?"
@@ -62,9 +62,8 @@ def _section(section, runs: tracking.RunsCache) -> str:
     if caption:
         parts.append(f"<p class='muted'>{html.escape(caption)}</p>")
     if hasattr(section, "deep_dive"):
-        models = (list(section.deep_dive_models(frame)) if hasattr(section, "deep_dive_models")
-                  else sorted(frame["model"].dropna().unique()) if "model" in frame.columns else [])
-        defaults = {name: default for name, (_, default, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
+        models = deep_dive_choices(section, frame)
+        defaults = deep_dive_defaults(section)
         if models:
             parts.append(f"<h3>{html.escape(getattr(section, 'DEEP_DIVE_TITLE', 'Per-model deep dive'))}</h3>")
         for i, model in enumerate(models):

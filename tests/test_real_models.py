@@ -101,14 +101,14 @@ def test_one_trial_per_group_on_smollm2(smol_store, group):
 def test_every_section_names_the_real_model_as_4bit_derived(smol_store):
     """Each section's note names SmolLM2's weights as 4-bit-derived, and so does every point's hover."""
     from dashboard.app import RenderedSections, open_store, render_section, section_frame
-    from dashboard.sections import SECTIONS
+    from dashboard.sections import SECTIONS, deep_dive_defaults
 
     runs = open_store(smol_store[0])
     drawn = RenderedSections(runs)
     for section in SECTIONS:
         rendered = str(render_section(section, runs))
         if hasattr(section, "deep_dive"):       # drawn by its callback once the page is up
-            defaults = {n: d for n, (_, d, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
+            defaults = deep_dive_defaults(section)
             for model in section.deep_dive_models(section_frame(section, runs)):
                 rendered += str(drawn.deep_dive(section, model, defaults))
         assert f"{section.GROUP}-real-models" in rendered and "4-bit-derived (GGUF Q4_1)" in rendered, section.GROUP

@@ -201,15 +201,29 @@ def deliver_spooled(uri: str | None = None) -> tuple[int, int]:
     from tracking import spool
 
     try:
-        return spool.deliver(uri, write_record)
+        return spool.deliver(uri, redeliver_record)
     except Exception:  # the spool is best effort on top of the run that was just logged
         return 0, len(spool.pending(uri))
 
 
+def redeliver_record(uri: str, record: dict) -> str:
+    """``write_record`` at most once per trial_key, for a spooled result: a run with that key that
+    ended means it was delivered; one still RUNNING (a write cut short when the store went away) is
+    deleted and the result written again."""
+    from trials.config import TrialConfig
+
+    client = _client(uri)
+    experiment_id = _experiment_id(client, TrialConfig.from_dict(record["result"]["config"]).group)
+    for run in client.search_runs([experiment_id], f"tags.trial_key = '{record['trial_key']}'", max_results=10):
+        if run.info.status in ("FINISHED", "FAILED", "KILLED"):
+            return run.info.run_id
+        client.delete_run(run.info.run_id)
+    return write_record(uri, record)
+
+
 def write_record(uri: str, record: dict) -> str:
-    """Write one result (``log_trial``'s record: the result as a dict, sweep_id, trial_key) as a run,
-    at most once per trial_key: a run with that key that ended means done; one still RUNNING (a write
-    cut short) is deleted and written again."""
+    """Write one result (``log_trial``'s record: the result as a dict, sweep_id, and a trial_key new
+    to the store, tagged on the run) as a run."""
     from mlflow.entities import Metric, Param
 
     from trials.config import TrialConfig
@@ -218,10 +232,6 @@ def write_record(uri: str, record: dict) -> str:
     config = TrialConfig.from_dict(data["config"])
     client = _client(uri)
     experiment_id = _experiment_id(client, config.group)
-    for run in client.search_runs([experiment_id], f"tags.trial_key = '{key}'", max_results=10):
-        if run.info.status in ("FINISHED", "FAILED", "KILLED"):
-            return run.info.run_id
-        client.delete_run(run.info.run_id)
     tags = {"group": config.group, "model": config.model, "config_hash": config.config_hash,
             "stack": config.stack.label, "sweep_id": record["sweep_id"], "trial_key": key, **data["tags"]}
     if data.get("error"):

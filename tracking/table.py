@@ -124,7 +124,6 @@ class RunsCache:
         self.uri, self.groups = uri, tuple(groups or NAMES)
         self._lock = threading.Lock()
         self._frames: dict[str, pd.DataFrame] = {}
-        self._newest_end: dict[str, int] = {}     # ms since the epoch, per group read
         self._experiments: dict[str, str] = {}
         self._mlflow = None
         self._views: dict[tuple, tuple[int, pd.DataFrame]] = {}
@@ -180,15 +179,14 @@ class RunsCache:
         if full or old is None:
             frame = self._read(client, group)
         else:
-            newest = self._newest_end.get(group)
-            new = self._read(client, group, None if newest is None else newest - CLOCK_MARGIN_MS, old)
+            since = None if old.empty else old["end_time"].max().value // 1_000_000 - CLOCK_MARGIN_MS
+            new = self._read(client, group, since, old)
             if new.empty:
                 return False
             frame = new if old.empty else pd.concat([old[~old["run_id"].isin(set(new["run_id"]))], new],
                                                     ignore_index=True)
         if not frame.empty:
             frame = frame.sort_values("start_time", kind="stable").reset_index(drop=True)
-            self._newest_end[group] = int(frame["end_time"].max().value // 1_000_000)
         self._frames[group] = frame
         return True
 

@@ -72,7 +72,19 @@ def check_section(module: ModuleType, group: str) -> ModuleType:
     return module
 
 
+def deep_dive_choices(section, frame) -> list[str]:
+    """The models a section's deep-dive selector offers: its ``deep_dive_models``, else every model."""
+    if hasattr(section, "deep_dive_models"):
+        return list(section.deep_dive_models(frame))
+    return sorted(frame["model"].dropna().unique()) if "model" in frame.columns else []
+
+
+def deep_dive_defaults(section) -> dict:
+    """The ``DEEP_DIVE_CONTROLS`` at their defaults, as ``deep_dive`` takes them ({} without controls)."""
+    return {name: default for name, (_, default, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
+
+
 SECTIONS: tuple[ModuleType, ...] = tuple(check_section(importlib.import_module(g.section), g.name)
                                          for g in groups.GROUPS)
 
-__all__ = ["SECTIONS", "Section", "check_section"]
+__all__ = ["SECTIONS", "Section", "check_section", "deep_dive_choices", "deep_dive_defaults"]

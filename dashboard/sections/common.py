@@ -61,10 +61,6 @@ def _value(row, column: str):
     return value
 
 
-def _fmt(value, pattern: str, scale: float = 1.0) -> str:
-    return "n/a" if value is None else pattern.format(float(value) * scale)
-
-
 def _short_sha(sha) -> str:
     if not sha:
         return "n/a"
