@@ -120,7 +120,9 @@ def test_baseline_chart_plots_the_store_reloads_follows_new_runs_and_opens_them(
 
         browser.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
         bar = browser.find_element(By.CSS_SELECTOR, "#baseline-throughput .barlayer .point path")
-        ActionChains(browser).move_to_element(bar).click().perform()
+        # The pointer still rests where the hover check left it, and a redrawn bar may be under it
+        # already: with no mousemove Plotly has no hovered point to click. So it moves a pixel first.
+        ActionChains(browser).move_to_element(bar).move_by_offset(1, 1).click().perform()
         opened = WebDriverWait(browser, RENDER_TIMEOUT_S).until(
             lambda d: d.execute_script("return window.__opened.length ? window.__opened : null"))
     prefix = f"http://127.0.0.1:5000/#/experiments/{tracking.experiment_id(baseline_store, 'baseline')}/runs/"

@@ -132,7 +132,9 @@ def _click_first_point(driver, graph_id: str, shift: bool = False) -> str:
     driver.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
     point = driver.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER)
     assert point is not None, f"{graph_id}: no point carries its run"
-    actions = ActionChains(driver).move_to_element(point)
+    # A pointer already resting on this spot sends no mousemove, and Plotly clicks only a point it
+    # has seen hovered: so the pointer arrives, then moves one pixel, as a hand would.
+    actions = ActionChains(driver).move_to_element(point).move_by_offset(1, 1)
     actions = actions.key_down(Keys.SHIFT).click().key_up(Keys.SHIFT) if shift else actions.click()
     actions.perform()
     return WebDriverWait(driver, RENDER_TIMEOUT_S).until(
