@@ -163,8 +163,8 @@ def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
               recalibrate: bool = False) -> dict[tuple[str, str], StepCost]:
     """Step costs for every (model, precision), from the per-machine cache or measured now.
 
-    A pair that cannot load here (a missing optional package) gets no entry: its trials fail at
-    once with that reason, so they cost nothing.
+    A pair that cannot load here (a missing optional package, a hub model without a network) gets no
+    entry: its trials fail at once with that reason, so they cost nothing.
     """
     import torch
 
@@ -191,6 +191,11 @@ def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
             except (ConfigError, ImportError) as exc:
                 log.info("  [%d/%d] %s %s: not calibrated (%s)", i, len(todo), model, precision,
                          str(exc).splitlines()[0])
+                continue
+            except OSError as exc:      # weights not here: a hub id offline, a folder gone
+                log.warning("  [%d/%d] %s %s: cannot load it here, not calibrated (%s); its trials fail "
+                            "the same way unless the workers can reach it", i, len(todo), model, precision,
+                            str(exc).splitlines()[0])
                 continue
             finally:
                 WORKER.drop_models()

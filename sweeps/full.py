@@ -3,6 +3,7 @@
     python sweeps/full.py                         # all groups, local Ray, ./mlflow.db, the zoo
     python sweeps/full.py --groups baseline --models zoo-gqa --dry-run
     python sweeps/full.py --address auto --tracking-uri http://head:5000 --profile full
+    python sweeps/full.py --sweep my-sweep.yaml   # your models, groups, sizes, stacks (README)
 
 Steps: validate the options (bad input: one line, exit 2, nothing touched) -> plan the trials of
 each group -> build the zoo models the plan needs (cached) -> calibrate what a step costs on this
@@ -82,6 +83,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="python sweeps/full.py", description=__doc__.split("\n\n")[0],
                            epilog=__doc__.split("\n\n", 1)[1],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", default=None, metavar="FILE",
+                        help="a sweep file (YAML): models (yours too), groups, profile overrides, stacks; "
+                             "--groups, --models and --profile given on the command line win over it "
+                             "(format: sweeps/sweepfile.py, README 'Your own sweep')")
     parser.add_argument("--groups", type=_csv, default=None,
                         help=f"comma-separated chart groups (implemented: {', '.join(groups.implemented())}; default: all)")
     parser.add_argument("--models", type=_csv, default=None,
@@ -128,7 +133,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Raise ConfigError (one line) for bad groups or models, before anything starts."""
+    """Raise ConfigError (one line) for a bad sweep file, groups or models, before anything starts."""
+    args.sweep_file = None
+    if args.sweep is not None:
+        from sweeps.sweepfile import load_sweep
+
+        args.sweep_file = load_sweep(args.sweep)
+        args.groups = args.groups if args.groups is not None else args.sweep_file.groups
+        args.models = args.models if args.models is not None else args.sweep_file.models
     if args.max_failures < 0:
         raise ConfigError(f"--max-failures must be 0 or more, not {args.max_failures}")
     chosen = args.groups if args.groups is not None else groups.implemented()
@@ -183,16 +195,36 @@ def _alive_nodes() -> int:
 
 def plan(args: argparse.Namespace, device: str, uri: str | None = None) -> dict[str, list[TrialConfig]]:
     models = args.models or default_models(device)
-    profile = PROFILES[profile_name(args, device)]
-    return {name: groups.get(name).plan(models, profile, device, uri) for name in args.groups}
+    profile = chosen_profile(args, device)
+    trials = {name: groups.get(name).plan(models, profile, device, uri) for name in args.groups}
+    sweep = getattr(args, "sweep_file", None)
+    if sweep is not None and sweep.stacks and "stacks" in trials:
+        trials["stacks"] = only_stacks(trials["stacks"], sweep.stacks, sweep.source)
+    return trials
 
 
-def profile_name(args: argparse.Namespace, device: str) -> str:
-    return args.profile or ("quick" if device == "cpu" else "full")
+def only_stacks(configs: list[TrialConfig], names: list[str], source: str) -> list[TrialConfig]:
+    """The stacks group's trials whose stack is one of ``names`` (a sweep file's ``stacks:``)."""
+    from trials.factorial import stack_name
+
+    planned = list(dict.fromkeys(stack_name(c.stack) for c in configs))
+    unknown = [name for name in names if name not in planned]
+    if unknown:
+        raise ConfigError(f"{source}: stacks: {', '.join(map(repr, unknown))} not in the stacks group's "
+                          f"plan here; planned: {', '.join(planned)}")
+    return [c for c in configs if stack_name(c.stack) in names]
+
+
+def chosen_profile(args: argparse.Namespace, device: str):
+    """--profile, else the sweep file's profile, else quick on a CPU and full on GPUs."""
+    sweep = getattr(args, "sweep_file", None)
+    if args.profile is None and sweep is not None and sweep.profile is not None:
+        return sweep.profile
+    return PROFILES[args.profile or ("quick" if device == "cpu" else "full")]
 
 
 def budget_seconds(args: argparse.Namespace, device: str) -> float | None:
-    return budget.parse_budget(args.budget or DEFAULT_BUDGET[profile_name(args, device)])
+    return budget.parse_budget(args.budget or DEFAULT_BUDGET[chosen_profile(args, device).base])
 
 
 def planned_workers(args: argparse.Namespace, device: str) -> int:
@@ -306,6 +338,8 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
     log.info("running %d trials, %d at a time, each with %s", len(configs), workers, resources)
     param_space = {"trial": tune.grid_search([c.to_dict() for c in configs]),
                    "tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
+                   "models": args.sweep_file.entry_dicts() if getattr(args, "sweep_file", None) else [],
+                   "profile": chosen_profile(args, device).name,
                    "memory_budget_bytes": args.memory_budget}
     tuner = tune.Tuner(
         tune.with_resources(run_in_worker, resources),

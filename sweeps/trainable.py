@@ -19,6 +19,7 @@ from ray import tune
 import tracking
 from trials.config import Runtime, TrialConfig
 from trials.loop import failed_result
+from trials.registry import register_dicts
 from trials.run import run_trial
 
 
@@ -46,6 +47,7 @@ def record_attempt() -> int:
 
 def run_in_worker(params: dict) -> None:
     logging.basicConfig(level=logging.WARNING)
+    register_dicts(params.get("models", []))        # a sweep file's own models
     config = TrialConfig.from_dict(params["trial"])
     attempt = record_attempt()
     if attempt > 1:   # the attempts before this one died without a word: say so in the store
@@ -62,7 +64,7 @@ def run_in_worker(params: dict) -> None:
         result = failed_result(config, exc)
     context = ray.get_runtime_context()
     result.tags.update({"ray.node_id": context.get_node_id(), "ray.node_ip": ray.util.get_node_ip_address(),
-                        "attempt": str(attempt)})
+                        "attempt": str(attempt), "profile": params.get("profile", "")})
     run_id = tracking.log_trial(params["tracking_uri"], result, sweep_id=params["sweep_id"])
     tune.report({
         "trial_status": result.status, "error": result.error, "run_id": run_id, "spooled": not run_id,

@@ -97,8 +97,8 @@ def _between_batch_2_and_4(model: str) -> int:
 
 @pytest.fixture(scope="session")
 def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
-    """``sweeps/full.py`` once for the session: the baseline, speculative, batching and quantization
-    groups over tiny-mha and tiny-gqa, 2 workers, a 10-second budget (below any estimate, so always the
+    """``sweeps/full.py`` once for the session, from a sweep file: the baseline, speculative, batching
+    and quantization groups over tiny-mha and tiny-gqa in the quick profile, 2 workers, a 10-second budget (below any estimate, so always the
     smallest workloads the budget allows; a fresh calibration cache), and
     a memory budget between batch 2's and batch 4's predicted peak on tiny-gqa. The kv_cache group
     is not in it: its quick contexts are sized for the full zoo (tests/test_kv_cache.py logs its
@@ -111,8 +111,10 @@ def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
     env = {**os.environ, budget.CACHE_ENV_VAR: str(folder / "calibration.json"),
            quantized_weights.QUANTIZED_DIR_ENV: str(folder / "quantized")}
     memory_budget = _between_batch_2_and_4("tiny-gqa")
-    args = ("--groups", ",".join(QUICK_SWEEP_GROUPS), "--models", ",".join(QUICK_SWEEP_MODELS),
-            "--workers", "2", "--budget", "10s", "--memory-budget", str(memory_budget),
+    sweep_file = folder / "session-sweep.yaml"      # the sweep-file path, as a user's own sweep takes it
+    sweep_file.write_text(f"models: [{', '.join(QUICK_SWEEP_MODELS)}]\n"
+                          f"groups: [{', '.join(QUICK_SWEEP_GROUPS)}]\nprofile: quick\n")
+    args = ("--sweep", str(sweep_file), "--workers", "2", "--budget", "10s", "--memory-budget", str(memory_budget),
             "--tracking-uri", uri)
     done = run_sweep(*args, env=env)
     sweep = QuickSweep(uri, args, env, done, memory_budget, folder)

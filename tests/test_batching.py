@@ -135,9 +135,9 @@ def test_sweep_records_the_memory_boundary_and_goes_on(quick_sweep):
     """The session's sweep ran the quick ladder under a memory budget between tiny-gqa's batch-2 and
     batch-4 predicted peaks: what fits finishes (a prefix of the ladder), the rest are oom FAILED runs
     holding their prediction, and the sweep went on to the next model and group."""
-    from sweeps.spaces import BATCH_LADDERS
+    from sweeps.spaces import PROFILES
 
-    budget, ladder = quick_sweep.memory_budget, BATCH_LADDERS["quick"]
+    budget, ladder = quick_sweep.memory_budget, PROFILES["quick"].settings("batching")["batch_sizes"]
     frame = tracking.runs_frame(quick_sweep.uri, "batching", status=None)
     assert quick_sweep.counts("batching") == ((frame["status"] == "FINISHED").sum(),
                                               (frame["status"] == "FAILED").sum(), 0)

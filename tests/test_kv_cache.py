@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tracking
-from sweeps.spaces import KV_STACKS, PROFILES, kv_cache as kv_cache_space
+from sweeps.spaces import PROFILES, kv_cache as kv_cache_space, kv_caches
 from trials import models
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.kv_cache import (cache_config, check_model, expected_bytes, require_backend,
@@ -28,6 +28,7 @@ from trials.registry import zoo_targets
 from trials.loop import failed_result
 from trials.run import run_trial
 
+KV_STACKS = kv_caches(PROFILES["quick"].settings("kv_cache"))   # the quick profile's caches, full first
 QUANTIZED = [(bits, backend) for bits, backend in KV_STACKS if bits != 16]
 
 

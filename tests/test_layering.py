@@ -104,3 +104,18 @@ def test_torch_free_modules_stay_torch_free(module):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+def test_no_script_folder_module_shadows_another():
+    """``python sweeps/full.py`` puts sweeps/ first on sys.path, and Ray hands that path to every
+    worker: a module there named like a standard-library or installed one (``profile.py``: cProfile
+    imports ``profile``, and transformers then failed to import LlamaConfig in every worker) replaces
+    it everywhere."""
+    import importlib.util
+
+    for path in (ROOT / "sweeps").glob("*.py"):
+        name = path.stem
+        if name == "__init__":
+            continue
+        assert name not in sys.stdlib_module_names, f"sweeps/{path.name} shadows the standard library's {name}"
+        assert importlib.util.find_spec(name) is None, f"sweeps/{path.name} shadows the installed module {name}"

@@ -77,7 +77,8 @@ def test_local_ray_starts_without_its_dashboard():
 # --- trust_remote_code ------------------------------------------------------------------------------
 
 def test_trust_remote_code_only_comes_from_the_registry_entry():
-    """Every ``trust_remote_code=`` in the project passes a registry entry's field (or False)."""
+    """Every ``trust_remote_code=`` in the project passes a registry entry's field (or False), or, where
+    a sweep file declares a model, the file's own required ``trust_remote_code`` key."""
     assert not [p for p in project_files() if "trust_remote_code=True" in p.read_text()]
     passed = 0
     for path in project_files():
@@ -86,7 +87,9 @@ def test_trust_remote_code_only_comes_from_the_registry_entry():
                 value = node.value
                 from_entry = isinstance(value, ast.Attribute) and value.attr == "trust_remote_code"
                 is_false = isinstance(value, ast.Constant) and value.value is False
-                assert from_entry or is_false, f"{path.relative_to(ROOT)}:{node.value.lineno}"
+                from_file = (path.name == "sweepfile.py" and isinstance(value, ast.Subscript)
+                             and isinstance(value.slice, ast.Constant) and value.slice.value == "trust_remote_code")
+                assert from_entry or is_false or from_file, f"{path.relative_to(ROOT)}:{node.value.lineno}"
                 passed += 1
     assert passed >= 3, "model and tokenizer loading pass it explicitly (trials/models.py, quantized_weights.py)"
 
@@ -98,6 +101,22 @@ def test_registry_entries_never_trust_remote_code(tmp_path):
     assert not [name for name, entry in all_models().items() if entry.trust_remote_code]
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert get_model(str(tmp_path)).trust_remote_code is False, "a local folder is not trusted either"
+
+
+def test_a_sweep_file_trusts_remote_code_only_where_it_says_so(tmp_path):
+    from sweeps.sweepfile import load_sweep
+    from trials.errors import ConfigError
+    from trials.registry import get_model
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("models:\n  - {name: trusted-x, hub: org/x, draft: none, trust_remote_code: true}\n"
+                    "  - {name: untrusted-y, hub: org/y, draft: none, trust_remote_code: false}\n")
+    load_sweep(path)
+    assert get_model("trusted-x").trust_remote_code is True
+    assert get_model("untrusted-y").trust_remote_code is False
+    path.write_text("models:\n  - {name: unstated-z, hub: org/z, draft: none}\n")
+    with pytest.raises(ConfigError, match="missing key 'trust_remote_code'"):
+        load_sweep(path)
 
 
 # --- nothing evaluated or unpickled -----------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tracking
-from sweeps.spaces import PROFILES, SPECULATIVE_SIZING, speculative
+from sweeps.spaces import PROFILES, speculative
 from trials import models
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.loop import failed_result
@@ -136,7 +136,7 @@ def test_a_target_without_a_draft_gets_prompt_lookup_only(tiny_zoo):
 def test_space_plans_every_k_and_prompt_lookup_for_targets_only():
     for profile in ("quick", "full"):
         configs = speculative(["tiny-mha", "tiny-draft"], PROFILES[profile], "cpu")
-        sizing = SPECULATIVE_SIZING[profile]
+        sizing = PROFILES[profile].settings("speculative", "tiny-mha", "cpu")
         assert {c.model for c in configs} == {"tiny-mha"}
         assert [c.stack.num_draft_tokens for c in configs if c.stack.speculation == "draft"] == list(sizing["draft_k"])
         assert [c.stack.num_draft_tokens for c in configs if c.stack.speculation == "prompt_lookup"] \

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import tracking
-from sweeps.spaces import PROFILES, STACKS_BATCH, STACKS_DRAFT_K, stacks as stacks_space
+from sweeps.spaces import PROFILES, stacks as stacks_space
 from trials import models
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
@@ -23,6 +23,7 @@ from trials.hardware import fast_precision
 from trials.kv_footprint import kv_footprint
 from trials.run import run_trial
 
+STACKS = PROFILES["quick"].settings("stacks", "tiny-gqa", "cpu")   # the quick profile's stacks settings
 FACTORS = ("weights", "kv", "spec", "compile")
 SYNTHETIC = FACTORS[:3]
 TRUE = {"weights": 0.30, "kv": -0.10, "spec": 0.0, "weights x kv": 0.20, "weights x spec": 0.0,
@@ -105,7 +106,7 @@ def test_the_space_is_the_design_per_target_with_stated_parts():
     configs = stacks_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
     assert {c.model for c in configs} == {"tiny-gqa"}
     batched = [c for c in configs if c.stack.batch_size != 1]
-    assert [stack_name(c.stack) for c in batched] == [f"b{STACKS_BATCH}", f"nf4+kv4+b{STACKS_BATCH}"]
+    assert [stack_name(c.stack) for c in batched] == [f"b{STACKS['batch_size']}", f"nf4+kv4+b{STACKS['batch_size']}"]
     configs = [c for c in configs if c.stack.batch_size == 1]
     cells = [stack_factors(c.stack) for c in configs]
     assert len({tuple(f.values()) for f in cells}) == len(configs) == 8       # 16 less the 8 refused
@@ -114,7 +115,7 @@ def test_the_space_is_the_design_per_target_with_stated_parts():
     base = configs[0].stack
     assert base == Stack(precision=fast_precision("cpu")) and stack_name(base) == fast_precision("cpu")
     spec = [c.stack for c in configs if c.stack.speculation != "none"]
-    assert {(s.draft_model, s.num_draft_tokens) for s in spec} == {("tiny-draft", STACKS_DRAFT_K)}
+    assert {(s.draft_model, s.num_draft_tokens) for s in spec} == {("tiny-draft", STACKS["draft_k"])}
     assert all(c.repeats >= 2 for c in configs)          # an interval needs two repeats
     assert [stack_name(c.stack) for c in configs][-1] == "nf4+kv4"
     assert {"compile", "nf4+compile"} <= {stack_name(c.stack) for c in configs}
@@ -244,4 +245,4 @@ def test_speculation_in_a_stack_uses_the_best_k_the_store_measured(quick_sweep):
     configs = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu", uri=quick_sweep.uri)
     assert {c.stack.num_draft_tokens for c in configs if c.stack.speculation == "draft"} == {best}
     without = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu", uri=None)
-    assert {c.stack.num_draft_tokens for c in without if c.stack.speculation == "draft"} == {STACKS_DRAFT_K}
+    assert {c.stack.num_draft_tokens for c in without if c.stack.speculation == "draft"} == {STACKS["draft_k"]}

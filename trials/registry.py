@@ -79,20 +79,43 @@ def all_models() -> dict[str, ModelEntry]:
     return entries
 
 
+# Models a sweep file declares (``sweeps.sweepfile``): registered in the driver when the file is read,
+# and in each worker before its trial (the driver hands them over with the trial). They live as long
+# as the process; a name can be registered again only with the same entry.
+_DECLARED: dict[str, ModelEntry] = {}
+
+
+def register(entry: ModelEntry) -> None:
+    """Make ``entry`` known by its name (a sweep file's own model)."""
+    if entry.name in all_models() or _DECLARED.get(entry.name, entry) != entry:
+        raise ConfigError(f"model {entry.name!r} is already declared differently; name yours differently")
+    _DECLARED[entry.name] = entry
+
+
+def register_dicts(entries: list[dict]) -> None:
+    """``register`` for entries handed over as plain dicts (``Sweep.entry_dicts``)."""
+    for entry in entries:
+        register(ModelEntry(**entry))
+
+
 def get_model(name: str) -> ModelEntry:
     """The entry for ``name``; a local folder with a config.json is accepted as-is."""
     entries = all_models()
     if name in entries:
         return entries[name]
+    if name in _DECLARED:
+        return _DECLARED[name]
     if Path(name).is_dir():
-        _check_local_config(Path(name))
+        check_local_folder(Path(name))
         return ModelEntry(name, "local", str(Path(name).resolve()), "target")
     raise ConfigError(f"unknown model {name!r}; valid: {', '.join(entries)} (or a local model folder)")
 
 
-def _check_local_config(folder: Path) -> None:
+def check_local_folder(folder: Path) -> None:
     """A local model folder must hold a readable config.json naming its architecture, so that a broken
     one fails here in one line instead of inside a worker after Ray has started."""
+    if not folder.is_dir():
+        raise ConfigError(f"no such model folder: {str(folder)!r}")
     path = folder / "config.json"
     if not path.is_file():
         raise ConfigError(f"model folder {str(folder)!r} has no config.json (is it a Hugging Face model folder?)")

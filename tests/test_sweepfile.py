@@ -1,0 +1,98 @@
+"""A user's own sweep file (``python sweeps/full.py --sweep FILE``): the built-in profiles are such
+files, overrides change what they name and nothing else, the README's example plans, and a model
+declared only in the file runs in a real Ray sweep (its workers learn it from the driver).
+
+The file's bad inputs (unknown key, wrong type, out-of-range k, a cache the backend cannot pack,
+malformed YAML...) are in tests/test_bad_input.py, each with its file:line:column.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import tracking
+from conftest import ROOT, run_sweep
+from sweeps.sizing import GROUP_FIELDS, WORKLOAD_FIELDS
+from sweeps.spaces import PROFILES
+from sweeps.sweepfile import load_sweep
+from trials import groups, zoo
+from trials.registry import get_model
+
+EXAMPLE = ROOT / "sweeps" / "examples" / "my-sweep.yaml"
+
+
+def _plan(profile, models=("tiny-gqa", "tiny-mha", "tiny-draft")) -> dict:
+    return {name: groups.get(name).plan(list(models), profile, "cpu") for name in groups.implemented()}
+
+
+def test_builtin_profiles_are_sweep_files_stating_every_setting():
+    assert set(PROFILES) == {"quick", "full"}
+    for name, profile in PROFILES.items():
+        assert profile.source.endswith(f"sweeps/profiles/{name}.yaml")
+        for group, own in GROUP_FIELDS.items():
+            settings = profile.settings(group)
+            missing = (set(WORKLOAD_FIELDS) | set(own)) - set(settings) - {"eval_windows"}
+            assert not missing, (name, group, missing)
+
+
+def test_overrides_change_what_they_name_and_nothing_else(tiny_zoo, tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("profile:\n  base: quick\n  speculative:\n    draft_k: [2, 8]\n    repeats: 4\n"
+                    "  batching: {batch_sizes: [4, 1]}\n")
+    sweep = load_sweep(path)
+    assert sweep.models is None and sweep.groups is None          # left to the command line
+    mine, quick = _plan(sweep.profile), _plan(PROFILES["quick"])
+    draft = [c for c in mine["speculative"] if c.stack.speculation == "draft"]
+    assert sorted({c.stack.num_draft_tokens for c in draft}) == [2, 8]
+    assert {c.repeats for c in mine["speculative"]} == {4}
+    assert [c.stack.batch_size for c in mine["batching"] if c.model == "tiny-gqa"] == [1, 4]   # smallest first
+    for group in set(quick) - {"speculative", "batching"}:
+        assert [c.config_hash for c in mine[group]] == [c.config_hash for c in quick[group]], group
+    assert sweep.profile.base == "quick" and sweep.profile.name == "quick+mine"
+
+
+def test_a_relative_model_path_is_relative_to_the_file(tiny_zoo, tmp_path):
+    folder = tmp_path / "models" / "my-tiny"
+    folder.parent.mkdir()
+    folder.symlink_to(zoo.model_path("tiny-mha"))
+    path = tmp_path / "mine.yaml"
+    path.write_text("models:\n  - name: my-tiny-rel\n    path: models/my-tiny\n    draft: tiny-draft\n"
+                    "    trust_remote_code: false\n")
+    sweep = load_sweep(path)
+    entry = get_model("my-tiny-rel")
+    assert sweep.models == ["my-tiny-rel"] and entry.source == "local"
+    assert entry.location == str(folder.resolve()) and entry.default_draft == "tiny-draft"
+    assert entry.trust_remote_code is False
+
+
+def test_the_readme_example_is_the_file_and_plans_offline(tiny_zoo):
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(# A sweep of your own.*?)```", readme, re.S)
+    assert block and block.group(1) == EXAMPLE.read_text(), "README and sweeps/examples/my-sweep.yaml differ"
+    sweep = load_sweep(EXAMPLE)
+    assert get_model("tinyllama-1.1b-chat").source == "hub"
+    planned = {name: groups.get(name).plan(sweep.models, sweep.profile, "cpu") for name in sweep.groups}
+    assert {c.model for cs in planned.values() for c in cs} == set(sweep.models)
+    from sweeps.full import only_stacks
+
+    stacks = only_stacks(planned["stacks"], sweep.stacks, sweep.source)
+    assert {c.model for c in stacks} == set(sweep.models) and len(stacks) == len(sweep.stacks) * len(sweep.models)
+
+
+def test_a_model_declared_in_the_file_runs_in_a_real_sweep(tiny_zoo, tmp_path):
+    """Ray workers are other processes: the driver hands them the file's models with each trial."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"models:\n  - name: my-tiny\n    path: {zoo.model_path('tiny-mha')}\n    draft: none\n"
+                    "    trust_remote_code: false\ngroups: [baseline]\nprofile:\n  base: quick\n"
+                    "  prompts_per_type: 1\n  max_new_tokens: 8\n  repeats: 1\n  baseline: {precisions: [fp32]}\n")
+    done = run_sweep("--sweep", str(path), "--budget", "none", "--workers", "1", "--tracking-uri", uri,
+                     "--summary-json", str(tmp_path / "summary.json"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["finished"] == 1 and summary["failed"] == 0, summary
+    frame = tracking.runs_frame(uri, "baseline")
+    assert list(frame["model"]) == ["my-tiny"] and list(frame["status"]) == ["FINISHED"]
+    assert list(frame["tags.profile"]) == ["quick+mine"]
+    assert frame["tok_per_s"].iloc[0] > 0
