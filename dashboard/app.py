@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import socket
 import sys
 import threading
 from html import escape
@@ -30,7 +31,7 @@ import tracking  # noqa: E402
 from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults  # noqa: E402
 from trials import groups  # noqa: E402
 from dashboard import compare  # noqa: E402
-from dashboard.reader import failed_runs, open_store, section_frame  # noqa: E402
+from dashboard.reader import failed_runs, open_store, section_frame, shown, unmeasured_note  # noqa: E402
 from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note  # noqa: E402
 
 PAGE_TITLE = "Which inference optimizations actually help?"
@@ -55,6 +56,18 @@ def bind_warning(host: str) -> str | None:
         return None
     return (f"warning: --host {host} makes the dashboard reachable from other machines, and it has no "
             "login; the default 127.0.0.1 with an SSH tunnel keeps it private")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """``OSError`` (one line) when the dashboard could not listen on ``host:port``, before the store
+    is read (seconds, at 10,000 runs) rather than after."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as the server itself binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): is another dashboard "
+                          f"running? Choose another with --port") from None
 
 
 def empty_state(group: str, reason: str = "No finished runs yet.") -> html.Div:
@@ -88,6 +101,8 @@ def render_section(section, runs: tracking.RunsCache) -> html.Section:
             body = ([html.P(note, id=f"{section.GROUP}-emulated", style=WARNING)] if note else [])
             body += ([html.P(real, id=f"{section.GROUP}-real-models", style=MUTED)] if real else [])
             body += ([html.P(failed, id=f"{section.GROUP}-failed", title=detail, style=WARNING)] if failed else [])
+            if left_out := unmeasured_note(section, runs):
+                body.append(html.P(left_out, id=f"{section.GROUP}-unmeasured", style=WARNING))
             body += _graphs(charts)
             text = section.caption(frame) if hasattr(section, "caption") else ""
             if text:
@@ -292,10 +307,11 @@ def run_texts_page(runs: tracking.RunsCache, run_id: str, mlflow_ui: str) -> tup
         return "<p>Not a run id.</p>", 404
     try:
         trial = tracking.read_trial_artifact(runs.uri, run_id)
-    except Exception as exc:  # a run without the artifact, or one from another store
-        return f"<p>No trial.json for run {run_id}: {escape(type(exc).__name__)}</p>", 404
-    config = trial.get("config", {})
-    outputs = (trial.get("raw") or {}).get("outputs") or []
+    except tracking.TrackingError as exc:  # no artifact, a corrupt one, or a run of another store
+        return f"<p>{escape(str(exc))}</p>", 404
+    config = trial.get("config") if isinstance(trial.get("config"), dict) else {}
+    raw = trial.get("raw") if isinstance(trial.get("raw"), dict) else {}
+    outputs = [o for o in (raw.get("outputs") or []) if isinstance(o, dict)]
     rows = "".join(f"<tr><td><code>{escape(str(o.get('prompt_id', '?')))}</code></td>"
                    f"<td><pre style='white-space:pre-wrap;margin:0'>{escape(str(o.get('text', '')))}</pre></td></tr>"
                    for o in outputs)
@@ -333,7 +349,7 @@ def compare_panel() -> html.Section:
 
 
 def _compare_frames(runs: tracking.RunsCache) -> dict:
-    return {section.GROUP: runs.frame(section.GROUP, "FINISHED") for section in SECTIONS}
+    return {section.GROUP: shown(runs.frame(section.GROUP, "FINISHED")) for section in SECTIONS}
 
 
 def _register_compare(app: dash.Dash, runs: tracking.RunsCache) -> None:
@@ -389,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     if warning := bind_warning(args.host):
         print(warning, file=sys.stderr)
     try:
-        uri = tracking.reachable_uri(args.tracking_uri)
-    except tracking.TrackingError as exc:
+        uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
+        check_port_free(args.host, args.port)
+    except (tracking.TrackingError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"Reading {uri} ...", flush=True)

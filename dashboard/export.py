@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 import plotly.offline  # noqa: E402
 
 import tracking  # noqa: E402
-from dashboard.reader import failed_runs, open_store, section_frame  # noqa: E402
+from dashboard.reader import failed_runs, open_store, section_frame, unmeasured_note  # noqa: E402
 from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults  # noqa: E402
 from dashboard.sections.common import emulation_note, mark_emulated, real_model_note  # noqa: E402
 
@@ -54,7 +54,8 @@ def _section(section, runs: tracking.RunsCache) -> str:
                      f"<code>python sweeps/full.py --groups {html.escape(section.GROUP)}</code></p>")
         return "".join(parts)
     failed, _ = failed_runs(section, runs)
-    for note, kind in ((emulation_note(frame), "warning"), (real_model_note(frame), "muted"), (failed, "warning")):
+    for note, kind in ((emulation_note(frame), "warning"), (real_model_note(frame), "muted"), (failed, "warning"),
+                       (unmeasured_note(section, runs), "warning")):
         if note:
             parts.append(f"<p class='{kind}'>{html.escape(note)}</p>")
     parts += [_figure(fig) for _, fig in charts]
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="report.html", help="the HTML file to write (default: report.html)")
     args = parser.parse_args(argv)
     try:
-        uri = tracking.reachable_uri(args.tracking_uri)
+        uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
     except tracking.TrackingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,11 @@ runs that ended since). Sections only ever see frames; only ``tracking`` queries
 
 from __future__ import annotations
 
+from html import escape
+
+import numpy as np
+import pandas as pd
+
 import tracking
 from dashboard.sections.common import failed_note
 
@@ -19,14 +24,54 @@ def section_frame(section, runs: tracking.RunsCache):
     """The runs a section charts: FINISHED ones, unless the section asks for more with ``RUN_STATUS``
     (None: every run, with a ``status`` column; e.g. FAILED 'oom' runs mark a memory boundary).
     Only each configuration's most recent run: a chart shows no other, and a store where the same
-    sweep ran a hundred times then charts as fast as one where it ran once."""
-    return runs.frame(section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"), latest=True)
+    sweep ran a hundred times then charts as fast as one where it ran once. ``shown``: as a chart
+    may show it."""
+    frame = shown(runs.frame(section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"), latest=True))
+    return frame[~_unmeasured(frame)]
+
+
+def _unmeasured(frame: pd.DataFrame) -> pd.Series:
+    """FINISHED runs without a finite ``tok_per_s``: written by another tool, or cut short."""
+    finished = frame["status"] == "FINISHED" if "status" in frame.columns else pd.Series(True, index=frame.index)
+    speed = frame["tok_per_s"] if "tok_per_s" in frame.columns else pd.Series(np.nan, index=frame.index)
+    return finished & speed.isna()
+
+
+def unmeasured_note(section, runs: tracking.RunsCache) -> str:
+    """The section's line on finished runs it leaves out for want of a throughput; empty if none."""
+    try:
+        frame = shown(runs.frame(section.GROUP, status="FINISHED", latest=True))
+        left = frame[_unmeasured(frame)]
+    except Exception:  # the note must never take the section down
+        return ""
+    if left.empty:
+        return ""
+    names = ", ".join(sorted({f"{row.get('model', '?')} {row.get('stack', '')}".strip()
+                              for _, row in left.iterrows()})[:5])
+    return (f"{len(left)} finished run(s) without a measured tok/s (missing, NaN or infinite) left out: "
+            f"{names}{' ...' if len(left) > 5 else ''}")
+
+
+def shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame as charts may show it, whatever wrote the store: text HTML-escaped (Plotly renders
+    tags in names, hovers and ticks; ``&lt;`` it shows as ``<``), and an infinite metric as missing
+    (NaN: not drawn, like a metric the run never logged)."""
+    frame = frame.copy()
+    for column in frame.columns:
+        values = frame[column]
+        if values.dtype == object or pd.api.types.is_string_dtype(values):
+            text = values.map(lambda v: isinstance(v, str) and any(c in v for c in "<>&"))
+            if text.any():
+                frame[column] = values.map(lambda v: escape(v, quote=False) if isinstance(v, str) else v)
+        elif pd.api.types.is_float_dtype(values):
+            frame[column] = values.where(~np.isinf(values))
+    return frame
 
 
 def failed_runs(section, runs: tracking.RunsCache) -> tuple[str, str]:
     """The section's line on failed configurations (and, on hover, which and why); empty if none."""
     try:
-        return failed_note(runs.frame(section.GROUP, "FAILED", latest=True), runs.finished_hashes(section.GROUP),
+        return failed_note(shown(runs.frame(section.GROUP, "FAILED", latest=True)), runs.finished_hashes(section.GROUP),
                            drawn=getattr(section, "RUN_STATUS", "FINISHED") is None)
     except Exception:  # the note must never take the section down
         return "", ""

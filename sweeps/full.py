@@ -101,6 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="with --address: wait until the cluster has N GPUs before planning (the "
                              "sweep sizes itself to the GPUs present when it starts; a `ray up` "
                              "cluster's GPU workers join minutes after its head)")
+    parser.add_argument("--gpu-wait", type=_budget, default="20m", metavar="DURATION",
+                        help="with --wait-for-gpus: give up after this long, with the GPUs that did join "
+                             "(default 20m: a cluster without a GPU worker type would wait forever)")
     parser.add_argument("--workers", type=_positive_int, default=None,
                         help="trials at once (default: as many as the resources allow)")
     parser.add_argument("--cpus-per-trial", type=_positive_int, default=1,
@@ -108,9 +111,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--storage-path", default=str(RAY_RESULTS),
                         help="Ray Tune's own results folder; must be shared storage on multi-node clusters")
     parser.add_argument("--memory-budget", type=_memory_budget, default=None, metavar="SIZE",
-                        help="emulate a device with this much memory, e.g. 2GiB or 512MiB (batching "
-                             "group): a trial whose predicted or measured peak exceeds it is a FAILED "
-                             "run with reason 'oom'")
+                        help="emulate a device with this much memory, e.g. 2GiB or 512MiB: a trial of "
+                             "any group whose measured peak exceeds it is a FAILED run with reason 'oom' "
+                             "(the batching group also refuses by its predicted peak, and ends the ladder)")
     parser.add_argument("--budget", type=_budget, default=None, metavar="DURATION",
                         help="wall time the trials may take, e.g. 30m, 2h or none: a short calibration "
                              "measures each model's step cost here, and workloads (new tokens, prompts, "
@@ -168,12 +171,18 @@ def worker_env_vars() -> dict[str, str]:
     return {name: os.environ[name] for name in FORWARDED_ENV if os.environ.get(name)}
 
 
-def wait_for_gpus(count: int, poll_s: float = 15.0) -> None:
+def wait_for_gpus(count: int, timeout_s: float | None, poll_s: float = 15.0) -> None:
+    """Until the cluster has ``count`` GPUs; ``ConfigError`` after ``timeout_s`` (None: no limit)."""
     import ray
 
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while (present := ray.cluster_resources().get("GPU", 0)) < count:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ConfigError(f"waited {timeout_s:.0f} s for {count} GPU(s) and the cluster has {present:g}: "
+                              "does cluster.yaml have a GPU worker type that can start (`ray status` on the "
+                              "head shows pending nodes; the autoscaler log says why one failed)?")
         log.info("waiting for GPUs: %g of %d have joined the cluster", present, count)
-        time.sleep(poll_s)
+        time.sleep(min(poll_s, max(0.1, deadline - time.monotonic())) if deadline else poll_s)
 
 
 def detect_device(address: str | None) -> str:
@@ -379,7 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address=args.address, logging_level=logging.WARNING,
                  runtime_env={"env_vars": env_vars} if env_vars else None)
         if args.wait_for_gpus:
-            wait_for_gpus(args.wait_for_gpus)
+            try:
+                wait_for_gpus(args.wait_for_gpus, budget.parse_budget(args.gpu_wait))
+            except ConfigError as exc:
+                print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+                ray.shutdown()
+                return 2
     device = detect_device(args.address)
     if args.address is not None and uri.startswith("sqlite") and _alive_nodes() > 1:
         print("python sweeps/full.py: error: a multi-node Ray cluster needs a tracking server that "

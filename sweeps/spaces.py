@@ -17,9 +17,7 @@ the sweep-file loader (``sweeps.sweepfile``). A space reads its settings with
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-from pathlib import Path
 
 from sweeps.sizing import Profile, parse_cache
 from sweeps.sweepfile import PROFILES  # noqa: F401  (re-exported: the spaces' callers take it from here)
@@ -27,7 +25,7 @@ from trials import pypi_models, zoo
 from trials.config import Stack, TrialConfig, Workload
 from trials.errors import ConfigError
 from trials.kv_footprint import kv_footprint
-from trials.registry import get_model, zoo_targets
+from trials.registry import get_model, max_positions, zoo_targets
 
 
 log = logging.getLogger(__name__)
@@ -98,15 +96,6 @@ def kv_caches(settings: dict) -> list[tuple[int, str]]:
     return [parse_cache(name) for name in settings["caches"]]
 
 
-def _max_positions(model: str) -> int | None:
-    """The model's ``max_position_embeddings`` where its config is on disk (zoo, local folder)."""
-    entry = get_model(model)
-    if entry.source == "hub":
-        return None
-    path = Path(entry.path()) / "config.json"
-    return json.loads(path.read_text()).get("max_position_embeddings") if path.is_file() else None
-
-
 def kv_weight_precision(device: str) -> str:
     """bf16 weights, so that the full-precision cache is the 16-bit one -- where bf16 is native.
     On a CPU that emulates bf16 (AVX2-only), every step would measure the emulation (~20x slower),
@@ -125,10 +114,10 @@ def kv_cache(models: list[str], profile: Profile, device: str) -> list[TrialConf
     configs = []
     for model in _targets(models):
         settings = profile.settings("kv_cache", model, device)
-        limit = _max_positions(model)
+        limit = max_positions(model)
         for context in settings["contexts"]:
             if limit is not None and context + settings["max_new_tokens"] > limit:
-                log.info("kv_cache: %s: context %d + %d new tokens is past its %d positions: left out",
+                log.warning("kv_cache: %s: context %d + %d new tokens is past its %d positions: left out",
                          model, context, settings["max_new_tokens"], limit)
                 continue
             workload = _workload(settings, context_tokens=context)

@@ -25,6 +25,7 @@ column and key (``sweeps.schema``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,8 +49,22 @@ class Draft(schema.Type):
         return "a model name or none"
 
 
+class Name(schema.Type):
+    """A model's name as runs, charts and file names carry it: letters, digits and ``. _ - + @``."""
+
+    PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@-]{0,99}")
+
+    def check(self, value, node, path, source):
+        if not isinstance(value, str) or not self.PATTERN.fullmatch(value):
+            schema.fail_at(source, node, path, f"{value!r} is not a usable name (expected {self.describe()})")
+        return value
+
+    def describe(self):
+        return "letters, digits and . _ - + @, starting with a letter or digit (a hub id goes in hub:)"
+
+
 MODEL_FIELDS = schema.Fields({
-    "name": schema.Text(),
+    "name": Name(),
     "path": schema.Text(),
     "hub": schema.Text(),
     "draft": Draft(),

@@ -69,6 +69,20 @@ def _sweep_file(tmp, text: str, *argv):
 MODEL = "  - name: mine\n    path: {path}\n    draft: none\n    trust_remote_code: false\n"
 
 
+_BUSY = []
+
+
+def _busy_port() -> int:
+    """A loopback port something is listening on, for as long as the module runs."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    _BUSY.append(listener)
+    return listener.getsockname()[1]
+
+
 def _trial(**changes):
     from trials.run import main
 
@@ -144,6 +158,19 @@ CASES = [
     ("sweep file: a stack the group does not plan",
      lambda uri, tmp: _sweep_file(tmp, "models: [tiny-gqa]\ngroups: [stacks]\nstacks: [nf4, nf3]\n",
                                   "--tracking-uri", uri), "'nf3' not in the stacks group's plan"),
+    ("sweep file: a model name with HTML in it",
+     lambda uri, tmp: _sweep_file(tmp, "models:\n  - name: <b>x</b>\n    hub: org/x\n    draft: none\n"
+                                       "    trust_remote_code: false\n", "--tracking-uri", uri),
+     "my-sweep.yaml:2:11: models[0].name: '<b>x</b>' is not a usable name"),
+    ("trial: context longer than the model's positions",
+     lambda uri, tmp: _trial(group="kv_cache", stack={"kv_bits": 4, "kv_backend": "quanto"},
+                             workload={"context_tokens": 5000}), "longer than tiny-gqa's 4096 positions"),
+    ("dashboard: port already in use",
+     lambda uri, tmp: (__import__("dashboard.app", fromlist=["main"]).main,
+                       ["--tracking-uri", uri, "--port", str(_busy_port())]), "cannot listen on 127.0.0.1:"),
+    ("dashboard: no store where it looks",
+     lambda uri, tmp: (__import__("dashboard.app", fromlist=["main"]).main,
+                       ["--tracking-uri", f"sqlite:///{tmp}/mlflow.db"]), "no MLflow store at"),
     ("trial: unknown model", lambda uri, tmp: _trial(model="nosuch-model"), "nosuch-model"),
     ("trial: unknown precision", lambda uri, tmp: _trial(stack={"precision": "fp7"}), "fp7"),
     ("trial: unknown group", lambda uri, tmp: _trial(group="nosuch"), "nosuch"),
@@ -193,3 +220,94 @@ def test_bad_input_is_one_line_and_changes_nothing(kind, make, needle, store, tm
 
 def test_the_catalogue_has_at_least_25_kinds():
     assert len(CASES) >= 25 and len({c[0] for c in CASES}) == len(CASES)
+
+
+# --- bad runs in the store: the page still draws, leaves them out, and escapes what it shows --------
+
+HTML_NAME = "<img src=x onerror=alert(1)><b>bold</b>"
+
+
+@pytest.fixture(scope="module")
+def odd_store(tmp_path_factory, tiny_zoo) -> str:
+    """A real run of tiny-gqa, then runs as other tools or a crash might have left them: FINISHED
+    without metrics, a NaN and an infinite throughput, a model whose name is HTML, and a run whose
+    trial.json is not JSON."""
+    import mlflow
+
+    from trials.registry import ModelEntry, register
+    from trials.run import run_trial
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('odd-store') / 'mlflow.db'}"
+    tracking.prepare_store(uri)
+    real = run_trial(TrialConfig(group="baseline", model="tiny-gqa", stack=Stack(precision="fp32"),
+                                 workload=Workload("mixed", 1, 8), repeats=2))
+    tracking.log_trial(uri, real)
+    register(ModelEntry(HTML_NAME, "hub", "org/html", "target"))
+    odd = {"tiny-mha": {}, "tiny-draft": {**real.metrics, "tok_per_s": float("nan")},
+           "zoo-gqa": {**real.metrics, "tok_per_s": float("inf")}, HTML_NAME: dict(real.metrics)}
+    for model, metrics in odd.items():
+        config = TrialConfig(group="baseline", model=model, stack=Stack(precision="fp32"),
+                             workload=Workload("mixed", 1, 8), repeats=2)
+        tracking.log_trial(uri, TrialResult(config, "FINISHED", metrics=metrics, tags=dict(real.tags)))
+    corrupt = tracking.runs_frame(uri, "baseline").query("model == 'zoo-gqa'")["run_id"].iloc[0]
+    mlflow.set_tracking_uri(uri)
+    folder = tmp_path_factory.mktemp("corrupt")
+    (folder / "trial.json").write_text("{not json")
+    mlflow.MlflowClient().log_artifact(corrupt, str(folder / "trial.json"))
+    return uri
+
+
+def test_bad_runs_in_the_store_are_left_out_and_html_is_escaped(odd_store, tmp_path):
+    import json as json_
+
+    from dashboard.app import open_store, page_graphs, render_section
+    from dashboard.export import main as export
+    from dashboard.sections import SECTIONS
+
+    runs = open_store(odd_store)
+    assert "baseline" in page_graphs(runs)
+    section = next(s for s in SECTIONS if s.GROUP == "baseline")
+    page = json_.dumps(render_section(section, runs).to_plotly_json(), default=str)
+    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    figure = section.figures(__import__("dashboard.reader", fromlist=["x"]).section_frame(section, runs))[0][1]
+    plotted = [(x, y) for trace in figure.data for x, y in zip(trace.x, trace.y)]
+    assert all(y is not None and y == y and y != float("inf") for _, y in plotted), plotted
+    assert {x for x, _ in plotted} == {"tiny-gqa", "&lt;img src=x onerror=alert(1)&gt;&lt;b&gt;bold&lt;/b&gt;"}
+    note = render_section(section, runs).to_plotly_json()
+    assert "3 finished run(s) without a measured tok/s (missing, NaN or infinite) left out: tiny-draft fp32, " \
+           "tiny-mha fp32, zoo-gqa fp32" in json_.dumps(note, default=str)
+    out = tmp_path / "report.html"
+    assert export(["--tracking-uri", odd_store, "--out", str(out)]) == 0
+    assert "onerror=alert(1)><b>" not in out.read_text()
+
+
+def test_a_corrupt_trial_json_is_one_line_on_the_texts_page(odd_store):
+    from dashboard.app import open_store, run_texts_page
+
+    runs = open_store(odd_store)
+    corrupt = tracking.runs_frame(odd_store, "baseline").query("model == 'zoo-gqa'")["run_id"].iloc[0]
+    page, status = run_texts_page(runs, corrupt, "http://127.0.0.1:5000")
+    assert status == 404 and "trial.json of run" in page and "is corrupt: not JSON (line 1, column 2" in page
+    with pytest.raises(tracking.TrackingError, match="corrupt"):
+        tracking.read_trial_artifact(odd_store, corrupt)
+
+
+def test_waiting_for_gpus_on_a_cluster_without_any_gives_up_in_one_line(store, capsys):
+    """A real Ray cluster with no GPU (Ray would otherwise wait forever for a GPU worker that
+    cluster.yaml cannot start): --wait-for-gpus gives up after --gpu-wait, exit 2, one line."""
+    from ray.cluster_utils import Cluster
+
+    from sweeps.full import main
+
+    before = _digest(store)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        code = main(["--address", cluster.address, "--wait-for-gpus", "1", "--gpu-wait", "2s",
+                     "--tracking-uri", store])
+    finally:
+        cluster.shutdown()
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert "waited 2 s for 1 GPU(s) and the cluster has 0" in lines[0]
+    assert _digest(store) == before

@@ -3,8 +3,9 @@
 The tracking server goes away: a real ``mlflow server`` is stopped while a trial is logged to it,
 then started again on the same port and store. The result must be spooled on local disk (not lost),
 then delivered exactly once: by ``python sweeps/full.py --flush`` (a real process), and never again
-by a second flush or by the next successful log. Marked ``faults``: `make test-faults` and .ci/run
-run it, `make test` does not (two server start-ups, ~25 s).
+by a second flush or by the next successful log; and mid-sweep, down for 60 s. A Ray worker killed mid-trial, and the
+driver killed with its whole process tree. Marked ``faults``: `make test-faults` and .ci/run run
+them, `make test` does not (~5 min).
 """
 
 from __future__ import annotations
@@ -114,10 +115,16 @@ def test_a_worker_killed_mid_trial_is_retried_once(tiny_zoo, tmp_path):
     deadline = time.monotonic() + 600
     while killed is None and time.monotonic() < deadline and sweep.poll() is None:
         if list(results.rglob("attempts.txt")):
-            for proc in psutil.process_iter(["pid", "cmdline"]):
-                if any("ImplicitFunc" in part for part in (proc.info["cmdline"] or [])):
-                    os.kill(proc.info["pid"], signal.SIGKILL)
-                    killed = proc.info["pid"]
+            # only this sweep's own workers (its local Ray runs under its driver), never another
+            # sweep's running on the same machine
+            for proc in psutil.Process(sweep.pid).children(recursive=True):
+                try:
+                    cmdline = proc.cmdline()
+                except psutil.Error:
+                    continue
+                if any("ImplicitFunc" in part for part in cmdline):
+                    os.kill(proc.pid, signal.SIGKILL)
+                    killed = proc.pid
                     break
         time.sleep(0.05)
     out, _ = sweep.communicate(timeout=600)
@@ -178,3 +185,50 @@ def test_a_killed_driver_resumes_without_running_anything_twice(tiny_zoo, tmp_pa
     per_config = after.groupby("tags.config_hash").size()
     assert (per_config == 1).all(), per_config
     assert len(per_config) == len(before) + int(counts.group(1))
+
+
+@pytest.mark.faults
+def test_a_server_down_60_s_mid_sweep_loses_and_duplicates_nothing(tiny_zoo, tmp_path, spool_folder):
+    """A real sweep logs to a real ``mlflow server``; once its first run is in, the server is stopped
+    for 60 s, then started again on the same port and store. Trials that end meanwhile keep their
+    results on disk; the sweep goes on; they are delivered by a later trial, by the sweep's end, or
+    by ``--flush``. In the end: every configuration exactly once, FINISHED, and an empty spool."""
+    import socket
+    import time
+
+    backend, artifacts = f"sqlite:///{tmp_path}/server.db", tmp_path / "artifacts"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "baseline,speculative",
+               "--models", "tiny-gqa", "--workers", "1", "--budget", "none", "--tracking-uri", url,
+               "--storage-path", str(tmp_path / "ray_results"), "--summary-json", str(tmp_path / "summary.json")]
+    with mlflow_server(backend, artifacts, port):
+        sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and sweep.poll() is None:
+            try:
+                if len(tracking.runs_frame(url, "baseline")) + len(tracking.runs_frame(url, "speculative")):
+                    break
+            except Exception:    # the experiments are being created
+                pass
+            time.sleep(0.5)
+        assert sweep.poll() is None, "the sweep ended before the outage"
+    down_at = time.monotonic()
+    time.sleep(60)                                   # the server is down; the sweep goes on
+    with mlflow_server(backend, artifacts, port):
+        out, _ = sweep.communicate(timeout=900)
+        assert sweep.returncode == 0, out[-4000:]
+        spooled_during = "spooled" in out or "Spooled" in out
+        flush = subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), "--flush"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=300)
+        assert flush.returncode == 0, flush.stdout + flush.stderr
+        planned = len(__import__("json").loads((tmp_path / "summary.json").read_text())["outcomes"])
+        every = [tracking.runs_frame(url, group, status=None) for group in ("baseline", "speculative")]
+    assert not spool.pending(), "the spool still holds results"
+    per_config = [frame.groupby("tags.config_hash").size() for frame in every]
+    assert all((counts == 1).all() for counts in per_config), per_config          # nothing twice
+    assert sum(len(counts) for counts in per_config) == planned                    # nothing lost
+    assert all((frame["status"] == "FINISHED").all() for frame in every)
+    assert time.monotonic() - down_at > 60 and spooled_during, out[-4000:]

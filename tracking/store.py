@@ -54,10 +54,16 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
-def reachable_uri(uri: str | None = None) -> str:
-    """``resolve_uri`` then ``check_reachable``: the store a command line names, or ``TrackingError``."""
+def reachable_uri(uri: str | None = None, must_exist: bool = False) -> str:
+    """``resolve_uri`` then ``check_reachable``: the store a command line names, or ``TrackingError``.
+    ``must_exist`` (readers: the dashboard, the export): a sqlite file that is not there is an error,
+    not an empty store created in whatever folder the command ran in."""
     uri = resolve_uri(uri)
     check_reachable(uri)
+    path = _sqlite_path(uri)
+    if must_exist and path is not None and not path.is_file():
+        raise TrackingError(f"no MLflow store at {path}: run a sweep first (python sweeps/full.py), or "
+                            "name one with --tracking-uri")
     return uri
 
 
@@ -265,8 +271,21 @@ def runs_frame(uri: str, group: str, status: str | None = "FINISHED") -> pd.Data
 
 
 def read_trial_artifact(uri: str, run_id: str) -> dict:
-    """The raw ``trial.json`` of a run (per-repeat numbers, generated texts)."""
+    """The raw ``trial.json`` of a run (per-repeat numbers, generated texts); ``TrackingError`` (one
+    line) where the run has none, or it is not a JSON object (a corrupt or foreign artifact)."""
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    return json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/{TRIAL_ARTIFACT}"))
+    try:
+        text = mlflow.artifacts.load_text(f"runs:/{run_id}/{TRIAL_ARTIFACT}")
+    except Exception as exc:   # MLflow raises its own exception types, and OSError for a local file
+        raise TrackingError(f"run {run_id} has no readable {TRIAL_ARTIFACT} ({type(exc).__name__})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TrackingError(f"{TRIAL_ARTIFACT} of run {run_id} is corrupt: not JSON (line {exc.lineno}, "
+                            f"column {exc.colno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise TrackingError(f"{TRIAL_ARTIFACT} of run {run_id} is corrupt: a JSON {type(data).__name__}, "
+                            "not an object")
+    return data

@@ -48,13 +48,12 @@ from trials import models
 from trials.config import Runtime, TrialConfig, human_bytes, parse_memory_budget
 from trials.errors import ConfigError
 from trials.kv_footprint import KVFootprintError, kv_footprint
-from trials.loop import TrialResult, compare_outputs, failed_result, finish, measure, trial_prompts
+from trials.loop import OOM, TrialResult, compare_outputs, failed_result, finish, measure, trial_prompts
 from trials.measure import model_weights_bytes
 from trials.prompts import Prompt
 from trials.theory import roofline_tok_per_s
 from trials.worker import WORKER
 
-OOM = "oom"
 REUSE_MARK = "#"
 
 class OutOfMemory(ConfigError):

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields
 from trials import groups
 from trials.errors import ConfigError
 from trials.prompts import PROMPT_SETS
-from trials.registry import get_model
+from trials.registry import get_model, max_positions
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
 KV_BITS = (16, 8, 4, 2)
@@ -150,6 +150,11 @@ class TrialConfig:
         self.stack.validate()
         group.check(self.stack)            # the group's stack guard (trials.groups)
         self.workload.validate()
+        if self.workload.context_tokens:
+            limit = max_positions(self.model)
+            _check(limit is None or self.workload.context_tokens + self.workload.max_new_tokens <= limit,
+                   f"context_tokens {self.workload.context_tokens} + max_new_tokens "
+                   f"{self.workload.max_new_tokens} is longer than {self.model}'s {limit} positions")
         if self.stack.draft_model is not None:
             get_model(self.stack.draft_model)     # a draft of another tokenizer family drafts across
             # tokenizers (transformers' universal assisted generation; trials.speculative)

@@ -281,10 +281,24 @@ def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Promp
     return prompts
 
 
+OOM = "oom"      # the reason every out-of-memory FAILED run starts with, in every group
+CPU_ALLOCATION_FAILED = ("DefaultCPUAllocator: can't allocate memory", "not enough memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's (and any allocator's) ``torch.OutOfMemoryError``, Python's ``MemoryError``, and the
+    CPU allocator's RuntimeError, which torch does not type."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and any(text in str(exc) for text in CPU_ALLOCATION_FAILED))
+
+
 def failed_result(config: TrialConfig, exc: BaseException) -> TrialResult:
-    """A FAILED result whose ``error`` is the one-line reason (type and message)."""
+    """A FAILED result whose ``error`` is the one-line reason (type and message); ``oom: ...`` where
+    the device or the host ran out of memory."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if not isinstance(exc, ConfigError):
+    if is_out_of_memory(exc) and not reason.startswith(OOM):
+        reason = f"{OOM}: {type(exc).__name__}: {reason[:300]}"
+    elif not isinstance(exc, ConfigError):
         reason = f"{type(exc).__name__}: {reason}"
     return TrialResult(config, "FAILED", tags={**environment_tags(config.device), **_model_tags(config)},
                        raw={"traceback": traceback.format_exception(exc)}, error=reason)

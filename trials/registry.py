@@ -129,6 +129,21 @@ def check_local_folder(folder: Path) -> None:
         raise ConfigError(f"{path} names no model_type, so transformers cannot tell which architecture it is")
 
 
+def max_positions(model: str) -> int | None:
+    """The model's ``max_position_embeddings`` where its config is on disk (zoo, PyPI, local folder),
+    else None (a hub model, a zoo model not built yet)."""
+    entry = get_model(model)
+    if entry.source == "hub":
+        return None
+    path = Path(entry.path()) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def zoo_targets(set_name: str = "full") -> list[str]:
     return [n for n in zoo.ZOO_SETS[set_name] if zoo.RECIPES[n].role == "target"]
 

@@ -14,6 +14,7 @@ The last line printed is the result as JSON.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import random
@@ -23,21 +24,51 @@ import time
 import torch
 
 from trials import groups
-from trials.config import Runtime, Stack, TrialConfig, Workload, parse_memory_budget
+from trials.config import Runtime, Stack, TrialConfig, Workload, human_bytes, parse_memory_budget
 from trials.errors import ConfigError
-from trials.loop import TrialResult
+from trials.loop import OOM, TrialResult, failed_result, is_out_of_memory
 
 
 def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
-    """Run one trial and return its measurements; raises on failure (the caller records it)."""
+    """Run one trial and return its measurements; raises on failure (the caller records it), except
+    out of memory, in any group: that is a FAILED result whose reason starts with ``oom`` -- the
+    device or host ran out, or the trial's measured peak exceeds ``runtime.memory_budget_bytes``
+    (``--memory-budget``: a smaller device emulated)."""
     if runtime.num_threads and config.device == "cpu":
         torch.set_num_threads(runtime.num_threads)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     started = time.perf_counter()
-    result = groups.get(config.group).run(config, runtime)
+    try:
+        result = groups.get(config.group).run(config, runtime)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        result = failed_result(config, exc)
+    if result.error and result.error.startswith(OOM):      # outside the handler: its frames hold tensors
+        free_memory(config.device)
+    over_budget(result, runtime.memory_budget_bytes)
     result.metrics["trial_s"] = time.perf_counter() - started   # everything: loading, references, repeats
     return result
+
+
+def over_budget(result: TrialResult, budget: int | None) -> None:
+    """A finished trial whose measured peak exceeds the memory budget becomes an ``oom`` FAILED run,
+    its measurements kept (the batching group also refuses by prediction before it runs)."""
+    peak = result.metrics.get("peak_memory_bytes")
+    if budget is None:
+        return
+    result.metrics["memory_budget_bytes"] = float(budget)
+    if result.status == "FINISHED" and peak is not None and peak > budget:
+        result.status = "FAILED"
+        result.error = (f"{OOM}: measured peak {human_bytes(peak)} exceeds the memory budget "
+                        f"({human_bytes(budget)})")
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--memory-budget", default=None, metavar="SIZE",
-                        help="emulate a device with this much memory, e.g. 2GiB (batching group)")
+                        help="emulate a device with this much memory, e.g. 2GiB: a trial whose peak exceeds it is an "
+                             "'oom' FAILED run (the batching group also refuses by its predicted peak)")
     parser.add_argument("--raw", action="store_true", help="include per-repeat numbers and texts")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
