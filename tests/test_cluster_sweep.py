@@ -16,7 +16,7 @@ from conftest import mlflow_server
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_node_cluster():
     from ray.cluster_utils import Cluster
 
@@ -36,8 +36,15 @@ def server(tmp_path):
 
 
 def test_sweep_on_a_two_node_cluster_logs_to_a_server(tiny_zoo, two_node_cluster, server, tmp_path):
+    """A sweep file's own model (declared there only, with its path) runs on both nodes: the driver
+    hands the file's models to every worker with its trial."""
+    from trials import zoo
+
+    sweep_file = tmp_path / "mine.yaml"
+    sweep_file.write_text(f"models:\n  - name: my-tiny\n    path: {zoo.model_path('tiny-gqa')}\n"
+                          "    draft: none\n    trust_remote_code: false\ngroups: [baseline]\nprofile: quick\n")
     sweep = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--address", two_node_cluster.address,
-             "--groups", "baseline", "--models", "tiny-gqa", "--budget", "none"]
+             "--sweep", str(sweep_file), "--budget", "none"]
     local_file = subprocess.run([*sweep, "--tracking-uri", f"sqlite:///{tmp_path}/local.db"],
                                 capture_output=True, text=True, timeout=300)
     assert local_file.returncode == 2 and "needs a tracking server" in local_file.stderr
@@ -48,6 +55,28 @@ def test_sweep_on_a_two_node_cluster_logs_to_a_server(tiny_zoo, two_node_cluster
     assert "2 finished, 0 failed, 0 skipped" in out.stdout
     frame = tracking.runs_frame(server, "baseline")
     assert len(frame) == 2 and (frame["tok_per_s"] > 0).all()
+    assert set(frame["model"]) == {"my-tiny"} and set(frame["tags.profile"]) == {"quick"}
     assert frame["tags.ray.node_id"].nunique() == 2, "both nodes should have run trials"
     raw = tracking.read_trial_artifact(server, frame["run_id"].iloc[0])
     assert raw["raw"]["outputs"], "artifacts travel through the server"
+
+
+def test_waiting_for_gpus_on_a_cluster_without_any_gives_up_in_one_line(two_node_cluster, tmp_path, capsys):
+    """Bad input: a GPU sweep on a cluster with no GPU (Ray would wait forever for a GPU worker that
+    cluster.yaml cannot start): --wait-for-gpus gives up after --gpu-wait, exit 2, one line, and the
+    store is not touched."""
+    import ray
+
+    from sweeps.full import main
+
+    store = tmp_path / "mlflow.db"
+    try:
+        code = main(["--address", two_node_cluster.address, "--wait-for-gpus", "1", "--gpu-wait", "2s",
+                     "--tracking-uri", f"sqlite:///{store}"])
+    finally:
+        ray.shutdown()
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert "waited 2 s for 1 GPU(s) and the cluster has 0" in lines[0]
+    assert not store.exists()

@@ -1,6 +1,7 @@
 """A user's own sweep file (``python sweeps/full.py --sweep FILE``): the built-in profiles are such
-files, overrides change what they name and nothing else, the README's example plans, and a model
-declared only in the file runs in a real Ray sweep (its workers learn it from the driver).
+files, overrides change what they name and nothing else, the README's example plans. A model
+declared only in a file runs on a real 2-node Ray cluster in tests/test_cluster_sweep.py (its
+workers learn it from the driver); the session's sweep (conftest.py) reads a sweep file too.
 
 The file's bad inputs (unknown key, wrong type, out-of-range k, a cache the backend cannot pack,
 malformed YAML...) are in tests/test_bad_input.py, each with its file:line:column.
@@ -8,11 +9,9 @@ malformed YAML...) are in tests/test_bad_input.py, each with its file:line:colum
 
 from __future__ import annotations
 
-import json
 import re
 
-import tracking
-from conftest import ROOT, run_sweep
+from conftest import ROOT
 from sweeps.sizing import GROUP_FIELDS, WORKLOAD_FIELDS
 from sweeps.spaces import PROFILES
 from sweeps.sweepfile import load_sweep
@@ -78,21 +77,3 @@ def test_the_readme_example_is_the_file_and_plans_offline(tiny_zoo):
 
     stacks = only_stacks(planned["stacks"], sweep.stacks, sweep.source)
     assert {c.model for c in stacks} == set(sweep.models) and len(stacks) == len(sweep.stacks) * len(sweep.models)
-
-
-def test_a_model_declared_in_the_file_runs_in_a_real_sweep(tiny_zoo, tmp_path):
-    """Ray workers are other processes: the driver hands them the file's models with each trial."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    path = tmp_path / "mine.yaml"
-    path.write_text(f"models:\n  - name: my-tiny\n    path: {zoo.model_path('tiny-mha')}\n    draft: none\n"
-                    "    trust_remote_code: false\ngroups: [baseline]\nprofile:\n  base: quick\n"
-                    "  prompts_per_type: 1\n  max_new_tokens: 8\n  repeats: 1\n  baseline: {precisions: [fp32]}\n")
-    done = run_sweep("--sweep", str(path), "--budget", "none", "--workers", "1", "--tracking-uri", uri,
-                     "--summary-json", str(tmp_path / "summary.json"))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["finished"] == 1 and summary["failed"] == 0, summary
-    frame = tracking.runs_frame(uri, "baseline")
-    assert list(frame["model"]) == ["my-tiny"] and list(frame["status"]) == ["FINISHED"]
-    assert list(frame["tags.profile"]) == ["quick+mine"]
-    assert frame["tok_per_s"].iloc[0] > 0
