@@ -324,7 +324,7 @@ def test_failed_configurations_are_counted_with_their_reasons():
     assert "1 x needs gptq" in line and "1 x oom: 9 GiB > 8 GiB" in line and "trace" not in line
     assert detail.splitlines() == ["m1 gptq: needs gptq", "m3 fp32+b64: oom: 9 GiB > 8 GiB"]
     assert failed_note(failed, {"a", "b", "c"}) == ("", "")
-    assert "marked on the charts" in failed_note(failed, set(), drawn=True)[0]
+    assert "out-of-memory ones marked on the charts" in failed_note(failed, set(), drawn=True)[0]
 
 
 

@@ -232,6 +232,34 @@ def _mb(values) -> list[float]:
     return [float(v) / 1024 / 1024 for v in values]
 
 
+def test_a_context_that_ran_out_of_memory_is_a_cross_on_the_speed_chart(kv_store, tmp_path):
+    """A real oom run (its measured peak over --memory-budget) beside the store's runs: the deep
+    dive's speed chart marks that context with a red cross (reason on hover); nothing else moves."""
+    import shutil
+
+    from dashboard.app import open_store
+    from dashboard.reader import failed_runs, section_frame
+    from dashboard.sections import kv_cache as section
+    from trials.config import Runtime
+
+    shutil.copy(kv_store[len("sqlite:///"):], tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    before = {cid: fig.to_plotly_json() for cid, fig in section.deep_dive(section_frame(section, open_store(uri)), "tiny-mha")}
+    result = run_trial(_trial("tiny-mha", 4, "quanto", context=320, new_tokens=8), Runtime(memory_budget_bytes=64 << 10))
+    assert result.status == "FAILED" and result.error.startswith("oom: measured peak")
+    tracking.log_trial(uri, result)
+    runs = open_store(uri)
+    charts = dict(section.deep_dive(section_frame(section, runs), "tiny-mha"))
+    crosses = [t for t in charts[section.SPEED_ID].data if t.name.endswith("out of memory")]
+    assert len(crosses) == 1 and list(crosses[0].x) == [320.0] and list(crosses[0].text) == ["oom"]
+    assert crosses[0].name == "4-bit quanto: out of memory"
+    assert any("oom: measured peak" in str(cell) for cell in crosses[0].customdata[0])
+    for cid, figure in before.items():          # the measured charts are as they were
+        now = charts[cid].to_plotly_json()
+        assert [t for t in now["data"] if not t["name"].endswith("out of memory")] == figure["data"], cid
+    assert failed_runs(section, runs)[0].startswith("1 configuration(s) failed (out-of-memory ones marked on the charts")
+
+
 def test_five_charts_render_in_chromium(kv_store, browser, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 

@@ -22,8 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, device_names, has, latest,
-                                       points)
+from dashboard.sections.common import (MB, OOM, PROVENANCE_HOVER, count_range, device_names, has, latest, points)
 
 GROUP = "batching"
 TITLE = "Static batching — across models"
@@ -33,7 +32,6 @@ RUN_STATUS = None          # FINISHED and FAILED runs: FAILED 'oom' runs mark th
 THROUGHPUT_ID, PER_STREAM_ID, MEMORY_ID = "batching-throughput", "batching-per-stream", "batching-memory"
 KEYS = ["model", "precision", "batch_size", "device"]
 COLORS = qualitative.Plotly
-OOM = PROVENANCE + Hover(("reason", "reason", lambda row: str(row.get("tags.error") or "").split("\n")[0] or None, "{}"))
 
 
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:

@@ -241,7 +241,7 @@ def real_model_note(frame: pd.DataFrame) -> str:
 def failed_note(failed: pd.DataFrame, finished_hashes: set[str], drawn: bool = False) -> tuple[str, str]:
     """(one line, the detail) for the configurations whose latest run FAILED and that never finished:
     how many, and each distinct reason with its count; the detail names each configuration.
-    ``drawn``: the section draws failed runs itself (``RUN_STATUS = None``)."""
+    ``drawn``: the section draws its ``oom`` runs itself (``RUN_STATUS = None``)."""
     if failed.empty or "tags.config_hash" not in failed.columns:
         return "", ""
     rows = failed[~failed["tags.config_hash"].isin(finished_hashes)]
@@ -253,7 +253,7 @@ def failed_note(failed: pd.DataFrame, finished_hashes: set[str], drawn: bool = F
     reasons = (rows["tags.error"] if "tags.error" in rows.columns else pd.Series(["(no reason logged)"] * len(rows)))
     reasons = reasons.fillna("(no reason logged)").astype(str).str.split("\n").str[0]
     counts = reasons.value_counts()
-    where = "marked on the charts" if drawn else "not on the charts"
+    where = "out-of-memory ones marked on the charts" if drawn else "not on the charts"
     line = (f"{len(rows)} configuration(s) failed ({where}; hover for which): "
             + "; ".join(f"{n} x {reason}" for reason, n in counts.items()))
     detail = "\n".join(f"{_value(row, 'model') or '?'} {_value(row, 'stack') or ''}: {reason}"
@@ -347,3 +347,34 @@ def stack_order(rows: pd.DataFrame) -> list[str]:
     labels = rows["stack"].astype(str).unique()
     return sorted(labels, key=lambda s: (s.count("+"), precision_order(
         [p.split("+")[0] for p in labels]).index(s.split("+")[0]), s))
+
+
+# Out of memory: FAILED runs whose reason starts with ``oom`` (every group: trials/run.py) mark where
+# a chart's axis ran out of memory -- a batch size, a context length.
+OOM = PROVENANCE + Hover(("reason", "reason", lambda row: str(row.get("tags.error") or "").split("\n")[0] or None, "{}"))
+OOM_COLOR = "#c0392b"
+
+
+def oom_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The runs that ran out of memory (their section asked for FAILED runs: ``RUN_STATUS = None``)."""
+    if not {"status", "tags.error"} <= set(frame.columns):
+        return frame.iloc[0:0]
+    return frame[(frame["status"] == "FAILED") & frame["tags.error"].fillna("").astype(str).str.startswith("oom")]
+
+
+def finished_only(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"] == "FINISHED"] if "status" in frame.columns else frame
+
+
+def oom_crosses(figure: go.Figure, failed: pd.DataFrame, x: str, x_title: str, series: str, y: float) -> None:
+    """A red ``oom`` cross per configuration that ran out of memory, at its ``x`` and at height ``y``
+    (the chart's floor: it has no measurement), named by its ``series`` on hover with the reason."""
+    for value, part in failed.groupby(series, sort=True):
+        part = part.sort_values(x)
+        figure.add_trace(go.Scatter(
+            name=f"{value}: out of memory", x=[float(v) for v in part[x]], y=[y] * len(part),
+            mode="markers+text", text=["oom"] * len(part), textposition="top center",
+            marker=dict(symbol="x", size=13, color=OOM_COLOR, line=dict(width=2)),
+            customdata=OOM.rows(part),
+            hovertemplate=(f"<b>{value}: did not fit</b><br>{x_title}: %{{x:,.0f}}<br>"
+                           + OOM.lines("reason") + PROVENANCE_HOVER + "<extra></extra>")))

@@ -28,8 +28,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, device_names, has, latest,
-                                       points)
+from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, count_range, device_names,
+                                       finished_only, has, latest, oom_crosses, oom_rows, points)
 from trials import zoo
 from trials.kv_footprint import CATALOGUE, KVFootprintError, kv_footprint
 
@@ -38,6 +38,7 @@ TITLE = "KV-cache quantization — does it actually help?"
 BLURB = ("Fewer bits per cached key and value shrink the cache that grows with every token: "
          "how much memory does that buy, from which context on does it matter, and what does it "
          "cost in speed and fidelity?")
+RUN_STATUS = None          # FINISHED runs draw the charts; FAILED 'oom' runs mark contexts that did not fit
 DEEP_DIVE_TITLE = "Per model: cache memory, where it overtakes the weights, and what fewer bits cost"
 MEMORY_ID, WEIGHTS_ID, TRADEOFF_ID, SPEED_ID = ("kv_cache-memory", "kv_cache-weights",
                                                 "kv_cache-tradeoff", "kv_cache-speed")
@@ -248,26 +249,36 @@ def tradeoff_chart(rows: pd.DataFrame, model: str) -> go.Figure:
     return figure
 
 
-def speed_chart(rows: pd.DataFrame, model: str) -> go.Figure:
+def speed_chart(rows: pd.DataFrame, model: str, out_of_memory: pd.DataFrame | None = None) -> go.Figure:
+    """tok/s vs context per KV precision; a context that ran out of memory (``out_of_memory``: the
+    model's ``oom`` runs) is a red cross at the chart's floor."""
     part = rows[rows["model"] == model]
     order = sorted(part["label"].unique(), key=lambda s: (-int(s.split("-")[0]), s))
     figure = points(part, x="context_tokens", y="tok_per_s", series="label", series_order=order,
                     title=f"{model}: decode throughput by KV precision (whiskers: 95 % interval over repeats)",
                     x_title="context tokens", y_title="tok/s")
+    if out_of_memory is not None and not out_of_memory.empty:
+        failed = out_of_memory[out_of_memory["model"] == model]
+        oom_crosses(figure, failed, "context_tokens", "context tokens", "label", y=0.0)
     figure.update_layout(legend_title="KV precision")
     return figure
 
 
 def deep_dive_models(frame: pd.DataFrame) -> list[str]:
+    frame = finished_only(frame)
     return sorted(frame["model"].dropna().unique()) if has(frame, "model") else []
 
 
 def deep_dive(frame: pd.DataFrame, model: str) -> list[tuple[str, go.Figure]]:
+    failed, frame = oom_rows(frame), finished_only(frame)
+    if "tags.config_hash" in frame.columns:       # a configuration that later fit is drawn, not crossed
+        failed = failed[~failed["tags.config_hash"].isin(frame["tags.config_hash"])]
     if not has(frame, "model", "kv_bits", "kv_cache_bytes", "kv_cache_tokens"):
         return []
     rows = _rows(frame)
     return [(MEMORY_ID, memory_chart(rows, model)), (WEIGHTS_ID, weights_chart(rows, model)),
-            (TRADEOFF_ID, tradeoff_chart(rows, model)), (SPEED_ID, speed_chart(rows, model))]
+            (TRADEOFF_ID, tradeoff_chart(rows, model)),
+            (SPEED_ID, speed_chart(rows, model, _rows(failed) if not failed.empty else None))]
 
 
 # ------------------------------------------------------------------------------ across models
@@ -320,6 +331,7 @@ def context_chart(models: list[tuple[str, object, str]]) -> go.Figure:
 
 
 def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
+    frame = finished_only(frame)
     if not has(frame, "model", "kv_bits", "kv_cache_bytes"):
         return []
     models = catalogue_models(frame)
@@ -342,6 +354,7 @@ def integrity(rows: pd.DataFrame) -> str:
 
 
 def caption(frame: pd.DataFrame) -> str:
+    frame = finished_only(frame)
     if not has(frame, "model", "kv_bits", "kv_cache_bytes"):
         return ""
     rows = _rows(frame)
