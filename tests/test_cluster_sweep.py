@@ -42,7 +42,8 @@ def test_sweep_on_a_two_node_cluster_logs_to_a_server(tiny_zoo, two_node_cluster
 
     sweep_file = tmp_path / "mine.yaml"
     sweep_file.write_text(f"models:\n  - name: my-tiny\n    path: {zoo.model_path('tiny-gqa')}\n"
-                          "    draft: none\n    trust_remote_code: false\ngroups: [baseline]\nprofile: quick\n")
+                          "    draft: none\n    trust_remote_code: false\ngroups: [baseline]\n"
+                          "profile: {base: quick, prompts_per_type: 1, max_new_tokens: 16, repeats: 2}\n")
     sweep = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--address", two_node_cluster.address,
              "--sweep", str(sweep_file), "--budget", "none"]
     local_file = subprocess.run([*sweep, "--tracking-uri", f"sqlite:///{tmp_path}/local.db"],
@@ -55,7 +56,7 @@ def test_sweep_on_a_two_node_cluster_logs_to_a_server(tiny_zoo, two_node_cluster
     assert "2 finished, 0 failed, 0 skipped" in out.stdout
     frame = tracking.runs_frame(server, "baseline")
     assert len(frame) == 2 and (frame["tok_per_s"] > 0).all()
-    assert set(frame["model"]) == {"my-tiny"} and set(frame["tags.profile"]) == {"quick"}
+    assert set(frame["model"]) == {"my-tiny"} and set(frame["tags.profile"]) == {"quick+mine"}
     assert frame["tags.ray.node_id"].nunique() == 2, "both nodes should have run trials"
     raw = tracking.read_trial_artifact(server, frame["run_id"].iloc[0])
     assert raw["raw"]["outputs"], "artifacts travel through the server"
