@@ -83,6 +83,52 @@ def _busy_port() -> int:
     return listener.getsockname()[1]
 
 
+def _not_mlflow() -> str:
+    """A real HTTP server on loopback that answers 404 to everything (not an MLflow server)."""
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _BUSY.append(server)
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _read_only_store(tmp) -> str:
+    """A sqlite file nobody may write: immutable (chattr +i; root ignores mode bits), else mode 0444."""
+    import os
+    import subprocess
+
+    path = tmp / "read-only.db"
+    path.write_bytes(b"")
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0:
+        _IMMUTABLE.append(path)
+    else:
+        path.chmod(0o444)
+    if os.access(path, os.W_OK):
+        pytest.skip("this machine cannot make a file read-only for this user (root without chattr)")
+    return f"sqlite:///{path}"
+
+
+_IMMUTABLE: list = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _undo_immutable():
+    yield
+    import subprocess
+
+    for path in _IMMUTABLE:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
 def _trial(**changes):
     from trials.run import main
 
@@ -113,6 +159,9 @@ CASES = [
      "config.json"),
     ("model folder whose config names no model_type",
      lambda uri, tmp: _sweep("--models", _folder(tmp, "typeless-model", "{}"), "--tracking-uri", uri), "model_type"),
+    ("tracking URI that is a web server but not MLflow",
+     lambda uri, tmp: _sweep("--tracking-uri", _not_mlflow()), "answered HTTP 404 on /health"),
+    ("read-only sqlite store", lambda uri, tmp: _sweep("--tracking-uri", _read_only_store(tmp)), "not writable"),
     ("sweep file: missing", lambda uri, tmp: _sweep("--sweep", str(tmp / "nope.yaml"), "--tracking-uri", uri),
      "no such file"),
     ("sweep file: malformed YAML",
