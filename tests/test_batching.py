@@ -131,16 +131,35 @@ def test_budget_smaller_than_the_model_is_an_oom_failed_run(tiny_zoo):
     assert "tok_per_s" not in result.metrics
 
 
-def test_sweep_records_the_memory_boundary_and_goes_on(quick_sweep):
-    """The session's sweep ran the quick ladder under a memory budget between tiny-gqa's batch-2 and
-    batch-4 predicted peaks: what fits finishes (a prefix of the ladder), the rest are oom FAILED runs
-    holding their prediction, and the sweep went on to the next model and group."""
+@pytest.fixture(scope="module")
+def boundary_sweep(quick_sweep, tmp_path_factory):
+    """The batching group's quick ladder over both tiny models as a real sweep, under a memory budget
+    between tiny-gqa's batch-2 and batch-4 predicted peaks (the session's calibration cache: no new
+    calibration): (sweep, budget)."""
+    from conftest import QuickSweep, between_batch_2_and_4, run_sweep
+
+    folder = tmp_path_factory.mktemp("boundary-sweep")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    budget = between_batch_2_and_4("tiny-gqa")
+    args = ("--groups", "batching", "--models", "tiny-gqa,tiny-mha", "--workers", "2", "--budget", "10s",
+            "--memory-budget", str(budget), "--tracking-uri", uri)
+    done = run_sweep(*args, env=quick_sweep.env)
+    sweep = QuickSweep(uri, args, quick_sweep.env, done, folder)
+    assert done.returncode == 0, sweep.log()
+    return sweep, budget
+
+
+def test_sweep_records_the_memory_boundary_and_goes_on(boundary_sweep):
+    """A sweep of the quick ladder under a memory budget between tiny-gqa's batch-2 and batch-4
+    predicted peaks: what fits finishes (a prefix of the ladder), the rest are oom FAILED runs
+    holding their prediction, and the sweep went on to the next model."""
     from sweeps.spaces import PROFILES
 
-    budget, ladder = quick_sweep.memory_budget, PROFILES["quick"].settings("batching")["batch_sizes"]
-    frame = tracking.runs_frame(quick_sweep.uri, "batching", status=None)
-    assert quick_sweep.counts("batching") == ((frame["status"] == "FINISHED").sum(),
-                                              (frame["status"] == "FAILED").sum(), 0)
+    sweep, budget = boundary_sweep
+    ladder = PROFILES["quick"].settings("batching")["batch_sizes"]
+    frame = tracking.runs_frame(sweep.uri, "batching", status=None)
+    assert sweep.counts("batching") == ((frame["status"] == "FINISHED").sum(),
+                                        (frame["status"] == "FAILED").sum(), 0)
     for model, part in frame.groupby("model"):
         part = part.set_index("batch_size").sort_index()
         assert list(part.index) == list(ladder)
