@@ -29,7 +29,8 @@ def _where(source: str, node: yaml.Node | None) -> str:
     return f"{source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
 
-def _fail(source: str, node, path: str, message: str):
+def fail_at(source: str, node, path: str, message: str):
+    """Raise the one-line ``SchemaError`` for ``path`` at ``node``'s position in ``source``."""
     raise SchemaError(f"{_where(source, node)}: {path or 'the file'}: {message}")
 
 
@@ -48,9 +49,9 @@ class Int(Type):
 
     def check(self, value, node, path, source):
         if isinstance(value, bool) or not isinstance(value, int):
-            _fail(source, node, path, f"{value!r} is not an integer (expected {self.describe()})")
+            fail_at(source, node, path, f"{value!r} is not an integer (expected {self.describe()})")
         if not self.lo <= value <= self.hi:
-            _fail(source, node, path, f"{value} is out of range (expected {self.describe()})")
+            fail_at(source, node, path, f"{value} is out of range (expected {self.describe()})")
         return value
 
     def describe(self):
@@ -63,7 +64,7 @@ class Choice(Type):
 
     def check(self, value, node, path, source):
         if value not in self.values:
-            _fail(source, node, path, f"{value!r} is not one of {', '.join(map(str, self.values))}")
+            fail_at(source, node, path, f"{value!r} is not one of {', '.join(map(str, self.values))}")
         return value
 
     def describe(self):
@@ -73,7 +74,7 @@ class Choice(Type):
 class Bool(Type):
     def check(self, value, node, path, source):
         if not isinstance(value, bool):
-            _fail(source, node, path, f"{value!r} is not true or false")
+            fail_at(source, node, path, f"{value!r} is not true or false")
         return value
 
     def describe(self):
@@ -83,7 +84,7 @@ class Bool(Type):
 class Text(Type):
     def check(self, value, node, path, source):
         if not isinstance(value, str) or not value.strip():
-            _fail(source, node, path, f"{value!r} is not a non-empty string")
+            fail_at(source, node, path, f"{value!r} is not a non-empty string")
         return value
 
     def describe(self):
@@ -96,7 +97,7 @@ class ListOf(Type):
 
     def check(self, value, node, path, source):
         if not isinstance(value, list) or not value:
-            _fail(source, node, path, f"expected a non-empty list of {self.item.describe()}, got {value!r}")
+            fail_at(source, node, path, f"expected a non-empty list of {self.item.describe()}, got {value!r}")
         items = node.value if isinstance(node, yaml.SequenceNode) else [None] * len(value)
         checked = [self.item.check(v, n or node, f"{path}[{i}]", source)
                    for i, (v, n) in enumerate(zip(value, items))]
@@ -104,7 +105,7 @@ class ListOf(Type):
         for i, v in enumerate(checked):
             key = repr(v)
             if key in seen:
-                _fail(source, items[i] or node, f"{path}[{i}]", f"{v!r} is listed twice")
+                fail_at(source, items[i] or node, f"{path}[{i}]", f"{v!r} is listed twice")
             seen.add(key)
         return checked
 
@@ -123,25 +124,25 @@ class Fields(Type):
 
     def check(self, value, node, path, source):
         if not isinstance(value, dict):
-            _fail(source, node, path, f"expected {self.doc} with keys {', '.join(self.fields)}, got {value!r}")
+            fail_at(source, node, path, f"expected {self.doc} with keys {', '.join(self.fields)}, got {value!r}")
         positions: dict[str, tuple] = {}
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 key = key_node.value
                 if key in positions:
-                    _fail(source, key_node, _join(path, key), "this key is given twice")
+                    fail_at(source, key_node, _join(path, key), "this key is given twice")
                 positions[key] = (key_node, value_node)
         out = {}
         for key, item in value.items():
             key_node, value_node = positions.get(str(key), (node, node))
             if key not in self.fields:
-                _fail(source, key_node, _join(path, str(key)),
+                fail_at(source, key_node, _join(path, str(key)),
                       f"unknown key; valid here: {', '.join(self.fields)}")
             out[key] = self.fields[key].check(item, value_node, _join(path, key), source)
         required = tuple(self.fields) if self.required == "all" else self.required
         for key in required:
             if key not in value:
-                _fail(source, node, path, f"missing key {key!r}")
+                fail_at(source, node, path, f"missing key {key!r}")
         return out
 
     def describe(self):
@@ -159,7 +160,7 @@ class AnyOf(Type):
             if (isinstance(kind, Fields) and isinstance(value, dict)) or \
                     (not isinstance(kind, Fields) and not isinstance(value, dict)):
                 return kind.check(value, node, path, source)
-        _fail(source, node, path, f"expected {' or '.join(t.describe() for t in self.types)}, got {value!r}")
+        fail_at(source, node, path, f"expected {' or '.join(t.describe() for t in self.types)}, got {value!r}")
 
     def describe(self):
         return " or ".join(t.describe() for t in self.types)
@@ -195,7 +196,3 @@ def node_at(node: yaml.Node | None, *keys) -> yaml.Node | None:
             return None
         node = next((v for k, v in node.value if k.value == key), None)
     return node
-
-
-def fail_at(source: str, node, path: str, message: str):
-    _fail(source, node, path, message)

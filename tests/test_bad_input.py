@@ -59,11 +59,12 @@ def _sweep(*argv):
     return main, list(argv)
 
 
-def _sweep_file(tmp, text: str, *argv):
-    """A sweep file with ``text``, run with --dry-run (nothing would start even if it passed)."""
+def _sweep_file(tmp, uri: str, text: str):
+    """A sweep file with ``text``, run against ``uri`` with --dry-run (nothing would start even if it
+    passed)."""
     path = tmp / "my-sweep.yaml"
     path.write_text(text)
-    return _sweep("--sweep", str(path), "--dry-run", "--budget", "none", *argv)
+    return _sweep("--sweep", str(path), "--dry-run", "--budget", "none", "--tracking-uri", uri)
 
 
 MODEL = "  - name: mine\n    path: {path}\n    draft: none\n    trust_remote_code: false\n"
@@ -165,51 +166,49 @@ CASES = [
     ("sweep file: missing", lambda uri, tmp: _sweep("--sweep", str(tmp / "nope.yaml"), "--tracking-uri", uri),
      "no such file"),
     ("sweep file: malformed YAML",
-     lambda uri, tmp: _sweep_file(tmp, "groups: [baseline\nprofile: quick\n", "--tracking-uri", uri),
+     lambda uri, tmp: _sweep_file(tmp, uri, "groups: [baseline\nprofile: quick\n"),
      "my-sweep.yaml:2:8: not valid YAML"),
-    ("sweep file: unknown key", lambda uri, tmp: _sweep_file(tmp, "groups: [baseline]\ncolour: blue\n",
-                                                             "--tracking-uri", uri),
+    ("sweep file: unknown key", lambda uri, tmp: _sweep_file(tmp, uri, "groups: [baseline]\ncolour: blue\n"),
      "my-sweep.yaml:2:1: colour: unknown key"),
     ("sweep file: unknown profile key",
-     lambda uri, tmp: _sweep_file(tmp, "profile:\n  base: quick\n  speculative:\n    draft_kk: [2]\n",
-                                  "--tracking-uri", uri), "my-sweep.yaml:4:5: profile.speculative.draft_kk"),
-    ("sweep file: wrong type", lambda uri, tmp: _sweep_file(tmp, "profile:\n  base: quick\n  repeats: many\n",
-                                                            "--tracking-uri", uri),
+     lambda uri, tmp: _sweep_file(tmp, uri, "profile:\n  base: quick\n  speculative:\n    draft_kk: [2]\n"),
+     "my-sweep.yaml:4:5: profile.speculative.draft_kk"),
+    ("sweep file: wrong type", lambda uri, tmp: _sweep_file(tmp, uri, "profile:\n  base: quick\n  repeats: many\n"),
      "my-sweep.yaml:3:12: profile.repeats: 'many' is not an integer"),
-    ("sweep file: k <= 0", lambda uri, tmp: _sweep_file(tmp, "profile:\n  base: full\n  speculative: {draft_k: [2, 0]}\n",
-                                                        "--tracking-uri", uri),
+    ("sweep file: k <= 0",
+     lambda uri, tmp: _sweep_file(tmp, uri, "profile:\n  base: full\n  speculative: {draft_k: [2, 0]}\n"),
      "my-sweep.yaml:3:30: profile.speculative.draft_k[1]: 0 is out of range"),
-    ("sweep file: absurd k", lambda uri, tmp: _sweep_file(tmp, "profile: {base: quick, stacks: {draft_k: 5000}}\n",
-                                                          "--tracking-uri", uri), "profile.stacks.draft_k: 5000"),
+    ("sweep file: absurd k",
+     lambda uri, tmp: _sweep_file(tmp, uri, "profile: {base: quick, stacks: {draft_k: 5000}}\n"),
+     "profile.stacks.draft_k: 5000"),
     ("sweep file: KV bits the backend cannot pack",
-     lambda uri, tmp: _sweep_file(tmp, "profile:\n  base: quick\n  kv_cache: {caches: [full, quanto8]}\n",
-                                  "--tracking-uri", uri), "quanto cannot pack 8 bits"),
-    ("sweep file: a key given twice", lambda uri, tmp: _sweep_file(tmp, "groups: [baseline]\ngroups: [stacks]\n",
-                                                                   "--tracking-uri", uri),
+     lambda uri, tmp: _sweep_file(tmp, uri, "profile:\n  base: quick\n  kv_cache: {caches: [full, quanto8]}\n"),
+     "quanto cannot pack 8 bits"),
+    ("sweep file: a key given twice", lambda uri, tmp: _sweep_file(tmp, uri, "groups: [baseline]\ngroups: [stacks]\n"),
      "my-sweep.yaml:2:1: groups: this key is given twice"),
-    ("sweep file: unknown group", lambda uri, tmp: _sweep_file(tmp, "groups: [baseline, nosuch]\n", "--tracking-uri", uri),
+    ("sweep file: unknown group", lambda uri, tmp: _sweep_file(tmp, uri, "groups: [baseline, nosuch]\n"),
      "groups[1]: 'nosuch'"),
-    ("sweep file: unknown base profile", lambda uri, tmp: _sweep_file(tmp, "profile: {base: huge}\n", "--tracking-uri", uri),
+    ("sweep file: unknown base profile", lambda uri, tmp: _sweep_file(tmp, uri, "profile: {base: huge}\n"),
      "profile.base: 'huge'"),
     ("sweep file: model without trust_remote_code stated",
-     lambda uri, tmp: _sweep_file(tmp, "models:\n  - name: mine\n    hub: org/mine\n    draft: none\n",
-                                  "--tracking-uri", uri), "missing key 'trust_remote_code'"),
+     lambda uri, tmp: _sweep_file(tmp, uri, "models:\n  - name: mine\n    hub: org/mine\n    draft: none\n"),
+     "missing key 'trust_remote_code'"),
     ("sweep file: model with both path and hub",
-     lambda uri, tmp: _sweep_file(tmp, "models:\n" + MODEL.format(path=tmp) + "    hub: org/mine\n",
-                                  "--tracking-uri", uri), "exactly one of path"),
+     lambda uri, tmp: _sweep_file(tmp, uri, "models:\n" + MODEL.format(path=tmp) + "    hub: org/mine\n"),
+     "exactly one of path"),
     ("sweep file: model folder with a broken config.json",
-     lambda uri, tmp: _sweep_file(tmp, "models:\n" + MODEL.format(path=_folder(tmp, "broken", "{x")),
-                                  "--tracking-uri", uri), "my-sweep.yaml:3:11: models[0].path"),
+     lambda uri, tmp: _sweep_file(tmp, uri, "models:\n" + MODEL.format(path=_folder(tmp, "broken", "{x"))),
+     "my-sweep.yaml:3:11: models[0].path"),
     ("sweep file: unknown draft",
-     lambda uri, tmp: _sweep_file(tmp, "models:\n  - name: mine\n    hub: org/mine\n    draft: nosuch\n"
-                                       "    trust_remote_code: false\n", "--tracking-uri", uri),
+     lambda uri, tmp: _sweep_file(tmp, uri, "models:\n  - name: mine\n    hub: org/mine\n    draft: nosuch\n"
+                                       "    trust_remote_code: false\n"),
      "unknown draft 'nosuch'"),
     ("sweep file: a stack the group does not plan",
-     lambda uri, tmp: _sweep_file(tmp, "models: [tiny-gqa]\ngroups: [stacks]\nstacks: [nf4, nf3]\n",
-                                  "--tracking-uri", uri), "'nf3' not in the stacks group's plan"),
+     lambda uri, tmp: _sweep_file(tmp, uri, "models: [tiny-gqa]\ngroups: [stacks]\nstacks: [nf4, nf3]\n"),
+     "'nf3' not in the stacks group's plan"),
     ("sweep file: a model name with HTML in it",
-     lambda uri, tmp: _sweep_file(tmp, "models:\n  - name: <b>x</b>\n    hub: org/x\n    draft: none\n"
-                                       "    trust_remote_code: false\n", "--tracking-uri", uri),
+     lambda uri, tmp: _sweep_file(tmp, uri, "models:\n  - name: <b>x</b>\n    hub: org/x\n    draft: none\n"
+                                       "    trust_remote_code: false\n"),
      "my-sweep.yaml:2:11: models[0].name: '<b>x</b>' is not a usable name"),
     ("trial: context longer than the model's positions",
      lambda uri, tmp: _trial(group="kv_cache", stack={"kv_bits": 4, "kv_backend": "quanto"},

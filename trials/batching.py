@@ -37,7 +37,6 @@ What a trial does (``run_batching``), composing ``trials.loop``'s pieces (one me
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import dataclass, replace
@@ -48,7 +47,7 @@ from trials import models
 from trials.config import Runtime, TrialConfig, human_bytes, parse_memory_budget
 from trials.errors import ConfigError
 from trials.kv_footprint import KVFootprintError, kv_footprint
-from trials.loop import OOM, TrialResult, compare_outputs, failed_result, finish, measure, trial_prompts
+from trials.loop import OOM, TrialResult, free_memory, compare_outputs, failed_result, finish, measure, trial_prompts
 from trials.measure import model_weights_bytes
 from trials.prompts import Prompt
 from trials.theory import roofline_tok_per_s
@@ -275,12 +274,6 @@ def _device_memory_bytes(device: str) -> int | None:
     return None
 
 
-def _free_device_memory(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
 def oom_result(config: TrialConfig, reason: str, metrics: dict[str, float]) -> TrialResult:
     """A FAILED run whose one-line reason starts with ``oom``, keeping what was predicted/measured."""
     result = failed_result(config, OutOfMemory(reason))
@@ -378,7 +371,7 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
         ended = ladder.peek(_ladder_key(config))
         if ended is None or batch < ended[0][0]:
             ladder.put(_ladder_key(config), config.config_hash, (batch, config.config_hash))
-        _free_device_memory(config.device)
+        free_memory(config.device)
         return oom_result(config, ran_out.splitlines()[0], memory)
 
     matched, mismatched = _batch1_metrics(measured.outputs(), reference)

@@ -19,6 +19,7 @@ This module imports no technique: techniques import it (``trials.groups`` checks
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import statistics
 import time
@@ -283,6 +284,14 @@ def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Promp
 
 OOM = "oom"      # the reason every out-of-memory FAILED run starts with, in every group
 CPU_ALLOCATION_FAILED = ("DefaultCPUAllocator: can't allocate memory", "not enough memory")
+
+
+def free_memory(device: str) -> None:
+    """Give back what a trial that ran out of memory left (call it outside the ``except`` block: the
+    traceback's frames hold the tensors)."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

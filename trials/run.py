@@ -14,7 +14,6 @@ The last line printed is the result as JSON.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import random
@@ -26,7 +25,7 @@ import torch
 from trials import groups
 from trials.config import Runtime, Stack, TrialConfig, Workload, human_bytes, parse_memory_budget
 from trials.errors import ConfigError
-from trials.loop import OOM, TrialResult, failed_result, is_out_of_memory
+from trials.loop import OOM, TrialResult, failed_result, free_memory, is_out_of_memory
 
 
 def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
@@ -63,12 +62,6 @@ def over_budget(result: TrialResult, budget: int | None) -> None:
         result.status = "FAILED"
         result.error = (f"{OOM}: measured peak {human_bytes(peak)} exceeds the memory budget "
                         f"({human_bytes(budget)})")
-
-
-def free_memory(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import (MB, OOM, PROVENANCE_HOVER, count_range, device_names, has, latest, points)
+from dashboard.sections.common import (MB, OOM, PROVENANCE_HOVER, count_range, device_names, finished_only, has,
+                                       latest, oom_rows, points)
 
 GROUP = "batching"
 TITLE = "Static batching — across models"
@@ -46,16 +47,6 @@ def _rows(frame: pd.DataFrame) -> pd.DataFrame:
         if column in rows.columns:
             rows[column.replace("_bytes", "_mib")] = pd.to_numeric(rows[column], errors="coerce") / MB
     return rows
-
-
-def _finished(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows[rows["status"] == "FINISHED"]
-
-
-def _oom(rows: pd.DataFrame) -> pd.DataFrame:
-    if "tags.error" not in rows.columns:
-        return rows.iloc[0:0]
-    return rows[(rows["status"] == "FAILED") & rows["tags.error"].fillna("").str.startswith("oom")]
 
 
 def _colors(series: list[str]) -> dict[str, str]:
@@ -94,7 +85,7 @@ def _roofline_traces(figure: go.Figure, rows: pd.DataFrame, order: list[str],
 
 
 def throughput_figure(rows: pd.DataFrame, order: list[str], colors: dict[str, str]) -> go.Figure:
-    finished = _finished(rows)
+    finished = finished_only(rows)
     figure = points(finished, x="batch_size", y="tok_per_s", series="series", series_order=order,
                     title="Aggregate decode throughput vs batch size (dashed: bandwidth roofline)",
                     x_title="batch size", y_title="tok/s (all streams)")
@@ -105,7 +96,7 @@ def throughput_figure(rows: pd.DataFrame, order: list[str], colors: dict[str, st
 
 
 def per_stream_figure(rows: pd.DataFrame, order: list[str], colors: dict[str, str]) -> go.Figure:
-    figure = points(_finished(rows), x="batch_size", y="per_stream_tok_per_s", series="series",
+    figure = points(finished_only(rows), x="batch_size", y="per_stream_tok_per_s", series="series",
                     series_order=order, title="Per-stream decode throughput vs batch size",
                     x_title="batch size", y_title="tok/s per stream")
     _recolor(figure, colors)
@@ -135,7 +126,7 @@ def _oom_height(part: pd.DataFrame) -> list[float]:
 
 def _oom_traces(figure: go.Figure, rows: pd.DataFrame, order: list[str],
                 colors: dict[str, str]) -> None:
-    failed = _oom(rows)
+    failed = oom_rows(rows)
     for series in order:
         part = failed[failed["series"] == series].sort_values("batch_size")
         if part.empty:
@@ -151,7 +142,7 @@ def _oom_traces(figure: go.Figure, rows: pd.DataFrame, order: list[str],
 
 
 def memory_figure(rows: pd.DataFrame, order: list[str], colors: dict[str, str]) -> go.Figure:
-    finished = _finished(rows)
+    finished = finished_only(rows)
     figure = points(finished, x="batch_size", y="peak_memory_mib", series="series",
                     series_order=order, title="Peak memory vs batch size (dotted: predicted)",
                     x_title="batch size", y_title="peak memory (MiB)")
@@ -175,7 +166,7 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
     if not has(frame, "model", "batch_size", "tok_per_s"):
         return []
     rows = _rows(frame)
-    finished = _finished(rows)
+    finished = finished_only(rows)
     if finished.empty:
         return []
     colors = _colors(sorted(rows["series"].unique()))
@@ -192,14 +183,14 @@ def caption(frame: pd.DataFrame) -> str:
     if not has(frame, "model", "batch_size", "tok_per_s"):
         return ""
     rows = _rows(frame)
-    finished = _finished(rows)
+    finished = finished_only(rows)
     if finished.empty:
         return ""
     matched = "n/a"
     if "outputs_match_batch1" in finished.columns:
         values = pd.to_numeric(finished["outputs_match_batch1"], errors="coerce")
         matched = f"{int((values == 1).sum())} of {len(values)}"
-    ooms = _oom(rows)
+    ooms = oom_rows(rows)
     boundary = (f" {len(ooms)} configuration(s) did not fit (oom crosses)." if len(ooms) else "")
     return (f"Median over {count_range(finished, 'repeats')} repeats, greedy, "
             f"{count_range(finished, 'max_new_tokens')} new tokens per row; every prompt cut to the "
