@@ -236,7 +236,10 @@ def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame,
     picks = []
     if not ok.empty:
         picks.append(("fastest within the quality budget", ok.loc[ok["tok_per_s"].astype(float).idxmax()]))
-        picks.append(("smallest within the quality budget", ok.loc[ok["peak_mb"].astype(float).idxmin()]))
+        # equal peaks (a CPU's resident-set rise is often zero for small stacks): the faster one
+        smallest = ok.assign(_mb=ok["peak_mb"].astype(float), _speed=ok["tok_per_s"].astype(float))
+        picks.append(("smallest within the quality budget",
+                      smallest.sort_values(["_mb", "_speed"], ascending=[True, False]).iloc[0]))
     cells = [[], [], [], []]
     for why, row in picks:
         command, code = reproduce(row)
