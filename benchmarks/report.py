@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
     args = parser.parse_args(argv)
     try:
-        uri = tracking.reachable_uri(args.tracking_uri)
+        uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
+        if all(tracking.runs_frame(uri, name).empty for name in groups.NAMES):
+            raise tracking.TrackingError(f"{uri} holds no finished runs: run a sweep into it first "
+                                         "(python sweeps/full.py --tracking-uri ...)")
     except tracking.TrackingError as exc:
         print(f"python benchmarks/report.py: error: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,8 @@ makes once), and when the total exceeds ``--budget`` shrinks the workloads (``fi
 
 * by one global *level* for every trial, each level halving new tokens, prompts per type (and
   perplexity windows) or taking one repeat away, down to floors (``MIN_NEW_TOKENS``, one prompt per
-  type, ``MIN_REPEATS`` repeats, so a 95 % interval still exists). Never the set of trials: every
+  type, ``MIN_REPEATS`` repeats, so a 95 % interval is still worth drawing: with 3 repeats t is
+  4.30, with 2 it is 12.71 and a tok/s interval spans orders of magnitude). Never the set of trials: every
   chart keeps every bar, with less data behind it.
 * trials in a precision this device only emulates (bf16 on an AVX2 CPU) shrink further, each to at
   most ``emulated_cap_s``, so that the bar stays on the chart, measured honestly, without taking
@@ -57,7 +58,7 @@ DECODE_STEPS = 4
 WARMUP_TOKENS = 2                 # trials.loop.WARMUP_TOKENS
 MIN_NEW_TOKENS = 16
 MIN_NEW_TOKENS_EMULATED = 8
-MIN_REPEATS = 2
+MIN_REPEATS = 3                   # a profile may ask for fewer (a deterministic byte count needs no more)
 MIN_EVAL_WINDOWS = 4
 TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors, plus bookkeeping
 # On one CPU thread a decode step at batch b costs ~(1 + growth (b - 1)) steps at batch 1 for the
@@ -413,9 +414,10 @@ def parse_budget(text: str) -> float | None:
 def format_calibration(costs: dict[tuple[str, str], StepCost], device: str) -> str:
     from trials.hardware import precision_is_native
 
-    lines = [f"  {'model':<18}{'precision':<11}{'decode ms/step':>15}{'prefill ms/token':>18}{'load s':>8}"]
+    width = max([len("model"), *(len(model) for model, _ in costs)]) + 2
+    lines = [f"  {'model':<{width}}{'precision':<11}{'decode ms/step':>15}{'prefill ms/token':>18}{'load s':>8}"]
     for (model, precision), c in sorted(costs.items()):
         note = "" if precision_is_native(precision, device) else "  (emulated on this CPU)"
-        lines.append(f"  {model:<18}{precision:<11}{c.decode_s * 1e3:>15.1f}{c.prefill_token_s * 1e3:>18.2f}"
+        lines.append(f"  {model:<{width}}{precision:<11}{c.decode_s * 1e3:>15.1f}{c.prefill_token_s * 1e3:>18.2f}"
                      f"{c.load_s:>8.1f}{note}")
     return "\n".join(lines)

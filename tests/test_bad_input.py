@@ -59,6 +59,20 @@ def _sweep(*argv):
     return main, list(argv)
 
 
+def _report(tmp, *argv):
+    """benchmarks/report.py's main (a script, not a package module), on a fresh empty store."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("report_script", ROOT / "benchmarks" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    empty = f"sqlite:///{tmp / 'empty.db'}"
+    tracking.prepare_store(empty)
+    return module.main, ["--tracking-uri", empty, *argv]
+
+
 def _sweep_file(tmp, uri: str, text: str):
     """A sweep file with ``text``, run against ``uri`` with --dry-run (nothing would start even if it
     passed)."""
@@ -245,6 +259,7 @@ CASES = [
     ("export: unwritable output",
      lambda uri, tmp: (__import__("dashboard.export", fromlist=["main"]).main,
                        ["--tracking-uri", uri, "--out", str(tmp / "no" / "such" / "report.html")]), "cannot write"),
+    ("report: a store with no finished runs", lambda uri, tmp: _report(tmp), "holds no finished runs"),
 ]
 
 

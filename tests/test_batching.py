@@ -1,5 +1,6 @@
 """Static batching end to end: the runner on real tiny models, the memory boundary through the real
-sweep CLI into a real sqlite store, and the three charts in headless Chromium.
+sweep CLI into a real sqlite store, and the three charts as the app builds them (tests/page.py;
+Chromium draws them in tests/test_every_chart.py).
 
 Greedy outputs of every batched row must equal the same prompt decoded alone (fp32 on CPU); the KV
 cache must grow with the batch exactly as the architecture's formula says; a trial over the memory
@@ -218,16 +219,15 @@ def _store_values(uri: str, column: str) -> dict[str, dict[float, float]]:
     return {model: dict(zip(part["batch_size"], part[column])) for model, part in frame.groupby("model")}
 
 
-def test_batching_charts_render_with_roofline_and_boundary(batching_store, browser, tmp_path):
-    from ui import figure, serve, text
+def test_batching_charts_plot_the_store_with_roofline_and_boundary(batching_store):
+    from page import Page
 
-    with serve(batching_store, tmp_path) as url:
-        browser.get(url)
-        throughput = _by_name(figure(browser, "batching-throughput"))
-        per_stream = _by_name(figure(browser, "batching-per-stream"))
-        memory_raw = figure(browser, "batching-memory")
-        memory = _by_name(memory_raw)
-        caption = text(browser, "batching-caption")
+    page = Page(batching_store)
+    throughput = _by_name(page.figure("batching-throughput"))
+    per_stream = _by_name(page.figure("batching-per-stream"))
+    memory_raw = page.figure("batching-memory")
+    memory = _by_name(memory_raw)
+    caption = page.text("batching-caption")
     measured = _store_values(batching_store, "tok_per_s")
     roofline = _store_values(batching_store, "roofline_tok_per_s")
     for model in ("tiny-gqa", "tiny-mha"):

@@ -113,3 +113,13 @@ def test_calibration_measures_real_models_and_caches_per_machine(tiny_zoo, tmp_p
     assert budget.calibrate(pairs, "cpu", threads=1) == first          # from the cache, unchanged
     again = budget.calibrate(pairs, "cpu", threads=1, recalibrate=True)
     assert again.keys() == first.keys() and again != first             # measured afresh
+
+
+def test_the_calibration_table_keeps_its_columns_for_long_model_names():
+    """A hub id or a real model's name is longer than the zoo's: it must not run into its precision."""
+    long = "smollm2-135m-instruct-with-a-longer-name"
+    table = budget.format_calibration({(long, "fp32"): budget.StepCost(0.03, 0.015, 1.1),
+                                       ("zoo-gqa", "fp32"): budget.StepCost(0.005, 0.0003, 0.0)}, "cpu")
+    header, *rows = table.splitlines()
+    column = header.index("precision")
+    assert all(row[column:].startswith("fp32") and row[column - 1] == " " for row in rows), table

@@ -62,9 +62,10 @@ def _assert_hover_says_where_the_number_came_from(driver, uri: str) -> None:
     assert any(h in text for h in frame["tags.config_hash"]), text
 
 
-def _assert_empty_states(driver, names) -> None:
+def _assert_empty_states(read_text, names) -> None:
+    """``read_text(element id)``: the page's text of an element (the browser's, or tests/page.py's)."""
     for group in names:
-        text = _text(driver, f"{group}-empty")
+        text = read_text(f"{group}-empty")
         assert f"python sweeps/full.py --groups {group}" in text
         assert ("not implemented yet" in text) == (not groups.get(group).implemented), text
 
@@ -104,7 +105,7 @@ def test_baseline_chart_plots_the_store_reloads_follows_new_runs_and_opens_them(
         _assert_hover_says_where_the_number_came_from(browser, baseline_store)
         caption = _text(browser, "baseline-caption")
         assert "median" in caption and "2 repeats" in caption and "batch 1" in caption
-        _assert_empty_states(browser, [s.GROUP for s in SECTIONS if s.GROUP != "baseline"])
+        _assert_empty_states(lambda i: _text(browser, i), [s.GROUP for s in SECTIONS if s.GROUP != "baseline"])
 
         tracking.log_trial(baseline_store, _trial("tiny-gqa", "fp32"))  # a rerun: it replaces the bar
         expected = _expected_bars(baseline_store)
@@ -140,14 +141,14 @@ def _same(plotted: dict, expected: dict, strict: bool = True) -> bool:
     return same
 
 
-@needs_browser
-def test_empty_store_shows_every_empty_state(browser, tmp_path):
+def test_empty_store_shows_every_empty_state(tmp_path):
+    from page import Page
+
     uri = tracking.resolve_uri(f"sqlite:///{tmp_path}/mlflow.db")
     tracking.prepare_store(uri)
-    with serve(uri, tmp_path) as url:
-        browser.get(url)
-        _assert_empty_states(browser, [s.GROUP for s in SECTIONS])
-        assert not browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")
+    page = Page(uri)
+    _assert_empty_states(page.text, [s.GROUP for s in SECTIONS])
+    assert page.graph_ids() == []
 
 
 def test_unreachable_store_is_one_line_and_exit_2(tmp_path):

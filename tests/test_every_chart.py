@@ -6,7 +6,8 @@ rerun of a baseline configuration in two more sweeps, the second twice as fast, 
 section the page must draw every chart the section declares (and its deep dive), each with plotted
 points, a title and axis titles (numeric axes with their unit); every point's run id must be a run
 of the store and a click must open it in the MLflow UI; a shift-click opens the trial's generated
-texts; each deep-dive selector must redraw for another model; the FAILED count must match the store;
+texts; each deep-dive selector must redraw for another model, and typing in a deep dive's number
+boxes must redraw it; the FAILED count must match the store;
 and the compare view must show the injected difference, highlighted.
 """
 
@@ -189,6 +190,16 @@ def test_every_chart_of_every_group(every_group, browser, tmp_path):
                     LAYOUT_JS, expected["deep_dive"][0]) or ""))
                 for graph_id in expected["deep_dive"]:
                     _check_chart(browser, graph_id, run_ids)
+
+            # the deep dive's number boxes (e.g. the stacks' quality budget) redraw it when typed in
+            if controls := getattr(section, "DEEP_DIVE_CONTROLS", {}):
+                shown = lambda d: [d.execute_script(LAYOUT_JS, g) for g in expected["deep_dive"]]  # noqa: E731
+                before = shown(browser)
+                for name in controls:
+                    box = browser.find_element(By.ID, f"{group}-{name}")
+                    box.clear()
+                    box.send_keys("0", Keys.ENTER)
+                WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: all(shown(d)) and shown(d) != before)
 
         # a shift-click opens the trial's generated texts, served by the dashboard
         opened = _click_first_point(browser, graphs["baseline"]["charts"][0], shift=True)

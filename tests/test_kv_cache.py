@@ -3,8 +3,9 @@
 The bytes tests hold the expectation (``trials.kv_cache.expected_bytes``) against a walk of the
 tensors a real ``generate()`` left in the cache, for every backend and bit width, across prefill
 lengths, batch sizes and residual windows that flush (re-quantize) or not. The trial tests run the
-kv_cache group's runner as the sweep does; the browser test reads the five charts back out of
-headless Chromium and compares them with the store and the calculator.
+kv_cache group's runner as the sweep does; the chart test reads the five charts off the page the app
+builds (tests/page.py) and compares them with the store and the calculator (Chromium draws them in
+tests/test_every_chart.py).
 """
 
 from __future__ import annotations
@@ -260,72 +261,68 @@ def test_a_context_that_ran_out_of_memory_is_a_cross_on_the_speed_chart(kv_store
     assert failed_runs(section, runs)[0].startswith("1 configuration(s) failed (out-of-memory ones marked on the charts")
 
 
-def test_five_charts_render_in_chromium(kv_store, browser, tmp_path):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    import ui
+def test_five_charts_plot_the_store(kv_store):
+    from page import Page
 
     frame = tracking.runs_frame(kv_store, "kv_cache")
-    with ui.serve(kv_store, tmp_path) as url:
-        browser.get(url)
-        # 4. at 32k tokens, exact from config: llama-3.1-8b's full cache is 4 GiB exactly
-        at_32k = ui.figure(browser, "kv_cache-32k")
-        assert [t["name"] for t in at_32k["traces"]] == ["16-bit (full)", "8-bit", "4-bit"]
-        full = at_32k["traces"][0]
-        assert full["y"][full["x"].index("llama-3.1-8b")] == 4.0
-        assert {"tiny-mha", "tiny-gqa"} <= set(full["x"])
-        for trace, bits in zip(at_32k["traces"], (16, 8, 4)):
-            i = trace["x"].index("tiny-mha")
-            assert trace["y"][i] * 1024 ** 3 == kv_footprint("tiny-mha").total_bytes(32768, 1, bits)
-        assert at_32k["bars_drawn"] == 3 * len(full["x"])
-        # 5. full cache vs context, per model
-        context = ui.figure(browser, "kv_cache-context")
-        assert len(context["traces"]) == len(full["x"]) and context["lines_drawn"] == len(full["x"])
-        caption = ui.text(browser, "kv_cache-caption")
-        assert "exact from config" in caption and "Integrity: measured bytes equal the expected bytes " \
-            f"exactly in {len(frame)} of {len(frame)} runs" in caption
+    page = Page(kv_store)
+    # 4. at 32k tokens, exact from config: llama-3.1-8b's full cache is 4 GiB exactly
+    at_32k = page.figure("kv_cache-32k")
+    assert [t["name"] for t in at_32k["traces"]] == ["16-bit (full)", "8-bit", "4-bit"]
+    full = at_32k["traces"][0]
+    assert full["y"][full["x"].index("llama-3.1-8b")] == 4.0
+    assert {"tiny-mha", "tiny-gqa"} <= set(full["x"])
+    for trace, bits in zip(at_32k["traces"], (16, 8, 4)):
+        i = trace["x"].index("tiny-mha")
+        assert trace["y"][i] * 1024 ** 3 == kv_footprint("tiny-mha").total_bytes(32768, 1, bits)
+    assert at_32k["bars_drawn"] == 3 * len(full["x"])
+    # 5. full cache vs context, per model
+    context = page.figure("kv_cache-context")
+    assert len(context["traces"]) == len(full["x"]) and context["lines_drawn"] == len(full["x"])
+    caption = page.text("kv_cache-caption")
+    assert "exact from config" in caption and "Integrity: measured bytes equal the expected bytes " \
+        f"exactly in {len(frame)} of {len(frame)} runs" in caption
 
-        # the deep dive opens on the first model (tiny-gqa), then switches to tiny-mha
-        gqa = frame[(frame["model"] == "tiny-gqa") & (frame["kv_bits"] == 16)].sort_values("kv_cache_tokens")
-        memory = ui.figure(browser, "kv_cache-memory")
-        assert _measured_trace(memory, "16-bit (full), measured")["y"] == _mb(gqa["kv_cache_bytes"])
-        ui.select_model(browser, "kv_cache", "tiny-mha")
-        mha = frame[frame["model"] == "tiny-mha"].assign(
-            context_tokens=lambda f: f["context_tokens"].astype(int)).sort_values("kv_cache_tokens")
-        full_rows, four_hqq = mha[mha["kv_bits"] == 16], mha[(mha["kv_bits"] == 4) & (mha["kv_backend"] == "hqq")]
-        WebDriverWait(browser, ui.RENDER_TIMEOUT_S).until(lambda d: _measured_trace(
-            ui.figure(d, "kv_cache-memory"), "16-bit (full), measured")["y"] == _mb(full_rows["kv_cache_bytes"]))
+    # the deep dive opens on the first model (tiny-gqa), then switches to tiny-mha
+    gqa = frame[(frame["model"] == "tiny-gqa") & (frame["kv_bits"] == 16)].sort_values("kv_cache_tokens")
+    memory = page.figure("kv_cache-memory")
+    assert _measured_trace(memory, "16-bit (full), measured")["y"] == _mb(gqa["kv_cache_bytes"])
+    page.select_model("kv_cache", "tiny-mha")
+    mha = frame[frame["model"] == "tiny-mha"].assign(
+        context_tokens=lambda f: f["context_tokens"].astype(int)).sort_values("kv_cache_tokens")
+    full_rows, four_hqq = mha[mha["kv_bits"] == 16], mha[(mha["kv_bits"] == 4) & (mha["kv_backend"] == "hqq")]
+    assert _measured_trace(page.figure("kv_cache-memory"), "16-bit (full), measured")["y"] \
+        == _mb(full_rows["kv_cache_bytes"])
 
-        # 1. the cache itself: measured points, the exact line, the expected 4-bit line
-        memory = ui.figure(browser, "kv_cache-memory")
-        assert _measured_trace(memory, "4-bit hqq, measured")["y"] == _mb(four_hqq["kv_cache_bytes"])
-        assert _measured_trace(memory, "expected, 4-bit hqq")["y"] == _mb(four_hqq["kv_cache_bytes_expected"])
-        assert _measured_trace(memory, "4-bit quanto, measured")["x"] == [float(v) for v in four_hqq["kv_cache_tokens"]]
-        exact = _measured_trace(memory, "formula, 16-bit (exact)")
-        top = exact["x"][-1]
-        assert exact["y"][-1] == pytest.approx(_mb([full_rows["kv_cache_bytes_exact"].iloc[-1]])[0]
-                                               * top / full_rows["kv_cache_tokens"].iloc[-1])
-        hashes = {c[5] for c in _measured_trace(memory, "16-bit (full), measured")["customdata"]}
-        assert hashes == set(full_rows["tags.config_hash"])
+    # 1. the cache itself: measured points, the exact line, the expected 4-bit line
+    memory = page.figure("kv_cache-memory")
+    assert _measured_trace(memory, "4-bit hqq, measured")["y"] == _mb(four_hqq["kv_cache_bytes"])
+    assert _measured_trace(memory, "expected, 4-bit hqq")["y"] == _mb(four_hqq["kv_cache_bytes_expected"])
+    assert _measured_trace(memory, "4-bit quanto, measured")["x"] == [float(v) for v in four_hqq["kv_cache_tokens"]]
+    exact = _measured_trace(memory, "formula, 16-bit (exact)")
+    top = exact["x"][-1]
+    assert exact["y"][-1] == pytest.approx(_mb([full_rows["kv_cache_bytes_exact"].iloc[-1]])[0]
+                                           * top / full_rows["kv_cache_tokens"].iloc[-1])
+    hashes = {c[5] for c in _measured_trace(memory, "16-bit (full), measured")["customdata"]}
+    assert hashes == set(full_rows["tags.config_hash"])
 
-        # 2. the cache overtakes the weights: crossovers where formula x batch = weights
-        weights = ui.figure(browser, "kv_cache-weights")
-        per_token = float(full_rows["kv_cache_bytes_per_token_exact"].iloc[-1])
-        weight_bytes = float(full_rows["weights_bytes"].iloc[-1])
-        for batch in (1, 16):
-            cross = _measured_trace(weights, f"crossover, batch {batch}")
-            assert cross["x"][0] == pytest.approx(weight_bytes / (per_token * batch))
-        assert any("projected" in t["name"] for t in weights["traces"])
+    # 2. the cache overtakes the weights: crossovers where formula x batch = weights
+    weights = page.figure("kv_cache-weights")
+    per_token = float(full_rows["kv_cache_bytes_per_token_exact"].iloc[-1])
+    weight_bytes = float(full_rows["weights_bytes"].iloc[-1])
+    for batch in (1, 16):
+        cross = _measured_trace(weights, f"crossover, batch {batch}")
+        assert cross["x"][0] == pytest.approx(weight_bytes / (per_token * batch))
+    assert any("projected" in t["name"] for t in weights["traces"])
 
-        # 3. the trade-off: one line per backend through 16 -> 8 -> 4 -> 2 bits at the longest context
-        tradeoff = ui.figure(browser, "kv_cache-tradeoff")
-        longest = mha[mha["context_tokens"] == 160]
-        hqq = [t for t in tradeoff["traces"] if t["name"] == "hqq"]
-        assert len(hqq) == 2                                         # token match and KL panels
-        expected = longest[longest["kv_backend"].isin(["none", "hqq"])].sort_values("kv_bits", ascending=False)
-        assert hqq[0]["y"] == [float(v) for v in expected["fidelity_token_match"]]
-        assert hqq[1]["y"] == [float(v) for v in expected["kl_divergence"]]
-        assert len([t for t in tradeoff["traces"] if t["name"] == "quanto"][0]["x"]) == 3
-        speed = ui.figure(browser, "kv_cache-speed")
-        assert len(speed["traces"]) == len(KV_STACKS)
-        browser.save_screenshot(str(tmp_path / "kv_cache.png"))
+    # 3. the trade-off: one line per backend through 16 -> 8 -> 4 -> 2 bits at the longest context
+    tradeoff = page.figure("kv_cache-tradeoff")
+    longest = mha[mha["context_tokens"] == 160]
+    hqq = [t for t in tradeoff["traces"] if t["name"] == "hqq"]
+    assert len(hqq) == 2                                         # token match and KL panels
+    expected = longest[longest["kv_backend"].isin(["none", "hqq"])].sort_values("kv_bits", ascending=False)
+    assert hqq[0]["y"] == [float(v) for v in expected["fidelity_token_match"]]
+    assert hqq[1]["y"] == [float(v) for v in expected["kl_divergence"]]
+    assert len([t for t in tradeoff["traces"] if t["name"] == "quanto"][0]["x"]) == 3
+    speed = page.figure("kv_cache-speed")
+    assert len(speed["traces"]) == len(KV_STACKS)

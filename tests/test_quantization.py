@@ -1,5 +1,6 @@
 """The quantization group end to end on the tiny zoo: real bitsandbytes weights, a real sweep into a
-real sqlite store, and the four charts in headless Chromium.
+real sqlite store, and the four charts as the app builds them (tests/page.py; Chromium draws them
+in tests/test_every_chart.py).
 
 One real sweep (``sweeps/full.py --groups quantization`` over tiny-gqa and tiny-mha) feeds most
 tests: its numbers must be sane (weights counted to the byte against a hand count from the model
@@ -289,15 +290,14 @@ CHARTS = ("quantization-pareto", "quantization-perplexity", "quantization-throug
           "quantization-memory")
 
 
-def _assert_deep_dive_matches_store(driver, frame, model: str) -> None:
+def _assert_deep_dive_matches_store(page, frame, model: str) -> None:
     from dashboard.sections.quantization import pareto_optimal
-    from ui import figure
 
     rows = frame[frame["model"] == model].sort_values("start_time").drop_duplicates("precision", keep="last")
     expected_ppl = dict(zip(rows["precision"], rows["perplexity"]))
     expected_tps = dict(zip(rows["precision"], rows["tok_per_s"]))
 
-    pareto = figure(driver, "quantization-pareto")
+    pareto = page.figure("quantization-pareto")
     points = {t["name"]: (t["x"][0], t["y"][0]) for t in pareto["traces"] if t["name"] != "Pareto-optimal"}
     assert points.keys() == expected_ppl.keys()
     for precision, (x, y) in points.items():
@@ -308,44 +308,39 @@ def _assert_deep_dive_matches_store(driver, frame, model: str) -> None:
     assert sorted(front["x"]) == pytest.approx(sorted(optimal["perplexity"]))
     assert len(front["x"]) >= 1 and pareto["points_drawn"] >= len(points) + len(front["x"])
 
-    ppl = figure(driver, "quantization-perplexity")["traces"][0]
+    ppl = page.figure("quantization-perplexity")["traces"][0]
     assert dict(zip(ppl["x"], ppl["y"])) == pytest.approx(expected_ppl)
-    tps = figure(driver, "quantization-throughput")
+    tps = page.figure("quantization-throughput")
     assert tps["bars_drawn"] == len(rows)
     assert dict(zip(tps["traces"][0]["x"], tps["traces"][0]["y"])) == pytest.approx(expected_tps)
     assert rows["tags.config_hash"].isin([c[5] for c in tps["traces"][0]["customdata"]]).all()
-    memory = figure(driver, "quantization-memory")
+    memory = page.figure("quantization-memory")
     weights = next(t for t in memory["traces"] if t["name"] == "weights (real storage)")
     mb = {p: b / 1024 / 1024 for p, b in zip(rows["precision"], rows["weights_bytes"])}
     assert dict(zip(weights["x"], weights["y"])) == pytest.approx(mb)
     assert {"peak during decode", "nominal: bits x weights"} <= {t["name"] for t in memory["traces"]}
 
 
-def test_charts_render_with_data_and_follow_the_model_selector(swept, browser, tmp_path):
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-    from ui import RENDER_TIMEOUT_S, figure, select_model, serve, text
+def test_charts_plot_the_store_and_follow_the_model_selector(swept):
+    from page import Page
 
     uri, _ = swept
     frame = _frame(uri)
-    title = lambda d: d.find_element(By.CSS_SELECTOR, "#quantization-pareto .gtitle").text  # noqa: E731
-    with serve(uri, tmp_path) as url:
-        browser.get(url)
-        overview = figure(browser, "quantization-overview")
-        assert {t["name"] for t in overview["traces"]} == set(frame["precision"])
-        assert sum(len(t["x"]) for t in overview["traces"]) == overview["points_drawn"] == len(frame)
-        first, second = sorted(MODELS)                     # the selector starts at the first
-        WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: title(d).startswith(first))
-        _assert_deep_dive_matches_store(browser, frame, first)
-        caption = text(browser, "quantization-caption")
-        assert "strided sliding window" in caption and "Ordering check" in caption
-        if not HAS_GPTQ:                      # the failed GPTQ configurations are counted, with why
-            failed = browser.find_element(By.ID, "quantization-failed")
-            assert failed.text.startswith(f"{len(MODELS)} configuration(s) failed")
-            assert "GPTQ needs the optional extra" in failed.text
-            hover = failed.get_attribute("title").splitlines()       # which configurations
-            assert {line.split(":")[0] for line in hover} == {f"{m} gptq" for m in MODELS}
-        select_model(browser, "quantization", second)
-        WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: title(d).startswith(second))
-        _assert_deep_dive_matches_store(browser, frame, second)
-        browser.save_screenshot(str(tmp_path / "quantization.png"))
+    page = Page(uri)
+    overview = page.figure("quantization-overview")
+    assert {t["name"] for t in overview["traces"]} == set(frame["precision"])
+    assert sum(len(t["x"]) for t in overview["traces"]) == overview["points_drawn"] == len(frame)
+    first, second = sorted(MODELS)                     # the selector starts at the first
+    assert page.figure("quantization-pareto")["title"].startswith(first)
+    _assert_deep_dive_matches_store(page, frame, first)
+    caption = page.text("quantization-caption")
+    assert "strided sliding window" in caption and "Ordering check" in caption
+    if not HAS_GPTQ:                      # the failed GPTQ configurations are counted, with why
+        failed = page.element("quantization-failed")
+        assert page.text("quantization-failed").startswith(f"{len(MODELS)} configuration(s) failed")
+        assert "GPTQ needs the optional extra" in page.text("quantization-failed")
+        hover = failed.title.splitlines()       # which configurations
+        assert {line.split(":")[0] for line in hover} == {f"{m} gptq" for m in MODELS}
+    page.select_model("quantization", second)
+    assert page.figure("quantization-pareto")["title"].startswith(second)
+    _assert_deep_dive_matches_store(page, frame, second)

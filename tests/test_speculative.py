@@ -1,7 +1,7 @@
 """Speculative decoding (trials/speculative.py, the ``speculative`` space and dashboard section).
 
 Real models from the tiny zoo, transformers' own assisted generation, a real MLflow store and the
-real dashboard in headless Chromium. The counting is checked where the answer is known without
+real dashboard's page (tests/page.py; Chromium draws it in tests/test_every_chart.py). The counting is checked where the answer is known without
 trusting the code under test: a target used as its own draft must have every proposal accepted and
 emit exactly k+1 tokens per target pass; and in every trial the tokens counted per round must add
 up to the tokens actually generated.
@@ -146,11 +146,9 @@ def test_space_plans_every_k_and_prompt_lookup_for_targets_only():
 
 # ------------------------------------------------------------------------------------ sweep + charts
 
-def test_sweep_fills_the_experiment_and_all_six_charts_plot(quick_sweep, browser, tmp_path):
-    """The session's sweep (quick profile, tiny targets) read back through the real dashboard."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-    from ui import RENDER_TIMEOUT_S, figure, select_model, serve, text
+def test_sweep_fills_the_experiment_and_all_six_charts_plot(quick_sweep):
+    """The session's sweep (quick profile, tiny targets) read back through the dashboard's page."""
+    from page import Page
 
     speculative_store = quick_sweep.uri
     planned = len(speculative(["tiny-mha", "tiny-gqa"], PROFILES["quick"], "cpu"))
@@ -158,20 +156,18 @@ def test_sweep_fills_the_experiment_and_all_six_charts_plot(quick_sweep, browser
     frame = tracking.runs_frame(speculative_store, "speculative")
     assert set(frame["lossless"]) == {1.0}
     assert frame["baseline_tok_per_s"].gt(0).all() and frame["acceptance_rate"].between(0, 1).all()
-    with serve(speculative_store, tmp_path) as url:
-        browser.get(url)
-        throughput = figure(browser, "speculative-throughput")
-        acceptance = figure(browser, "speculative-acceptance")
-        caption = text(browser, "speculative-caption")
-        deep = {}
-        title = lambda d: d.find_element(By.CSS_SELECTOR, "#speculative-acceptance-vs-k .gtitle").text  # noqa: E731
-        for model in ("tiny-gqa", "tiny-mha"):            # the selector starts at the first
-            if model != "tiny-gqa":
-                select_model(browser, "speculative", model)
-            WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: title(d).startswith(f"{model}:"))
-            deep[model] = {i: figure(browser, i) for i in (
-                "speculative-acceptance-vs-k", "speculative-throughput-vs-k",
-                "speculative-token-source", "speculative-acceptance-by-type")}
+    page = Page(speculative_store)
+    throughput = page.figure("speculative-throughput")
+    acceptance = page.figure("speculative-acceptance")
+    caption = page.text("speculative-caption")
+    deep = {}
+    for model in ("tiny-gqa", "tiny-mha"):            # the selector starts at the first
+        if model != "tiny-gqa":
+            page.select_model("speculative", model)
+        assert page.figure("speculative-acceptance-vs-k")["title"].startswith(f"{model}:")
+        deep[model] = {i: page.figure(i) for i in (
+            "speculative-acceptance-vs-k", "speculative-throughput-vs-k",
+            "speculative-token-source", "speculative-acceptance-by-type")}
     best = frame.loc[frame.groupby(["model", "speculation"])["tok_per_s"].idxmax()]
     traces = {t["name"]: t for t in throughput["traces"]}
     for name, speculation in (("draft model (best k)", "draft"), ("prompt lookup (best k)", "prompt_lookup")):

@@ -1,8 +1,9 @@
-"""The stacks group: combined stacks as single trials, effect estimates, the section in Chromium.
+"""The stacks group: combined stacks as single trials, effect estimates, the section's three pieces.
 
 The effect arithmetic is checked on a synthetic design whose effects are known (no model involved);
 the runner on the tiny zoo, where a combined stack must show every part at work in its one trial; the
-section in headless Chromium against a store filled with the 2^3 design of tiny-gqa.
+section, as the app builds it (tests/page.py), against a store filled with the 2^3 design of
+tiny-gqa (Chromium draws it, and its quality-budget boxes redraw the card: tests/test_every_chart.py).
 """
 
 from __future__ import annotations
@@ -191,29 +192,23 @@ def test_compiled_decoding_compiles_in_the_warm_up_and_keeps_the_outputs(stacks_
     assert 0.9 <= compiled["fidelity_token_match"] <= 1 and compiled["tok_per_s"] > 0
 
 
-def test_the_three_pieces_render_and_match_the_store(stacks_store, browser, tmp_path):
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
-    from ui import RENDER_TIMEOUT_S, figure, serve, table, text
+def test_the_three_pieces_plot_the_store(stacks_store):
+    """What the three pieces say, against the store (that Chromium draws them, and that typing in
+    the quality-budget boxes redraws the card: tests/test_every_chart.py)."""
+    from page import Page
 
     frame = tracking.runs_frame(stacks_store, "stacks")
     assert len(frame) == 8
-    with serve(stacks_store, tmp_path) as url:
-        browser.get(url)
-        overview = figure(browser, "stacks-overview")
-        frontier = figure(browser, "stacks-frontier")
-        forest = figure(browser, "stacks-effects")
-        default_card = table(browser, "stacks-best")
-        caption = text(browser, "stacks-caption")
-        # the quality budget is the user's: loosen it until every stack is within it
-        for name, value in (("min_token_match", "0"), ("max_kl", "10")):
-            box = browser.find_element(By.ID, f"stacks-{name}")
-            box.clear()
-            box.send_keys(value, Keys.ENTER)
-        WebDriverWait(browser, RENDER_TIMEOUT_S).until(
-            lambda d: "fidelity_token_match >= 0, kl_divergence <= 10" in table(d, "stacks-best")["title"])
-        card = table(browser, "stacks-best")
+    page = Page(stacks_store)
+    overview = page.figure("stacks-overview")
+    frontier = page.figure("stacks-frontier")
+    forest = page.figure("stacks-effects")
+    default_card = page.table("stacks-best")
+    caption = page.text("stacks-caption")
+    # the quality budget is the user's: loosen it until every stack is within it
+    page.select_model("stacks", frame["model"].iloc[0], min_token_match=0, max_kl=10)
+    card = page.table("stacks-best")
+    assert "fidelity_token_match >= 0, kl_divergence <= 10" in card["title"]
     assert "fidelity_token_match >= 0.95, kl_divergence <= 0.05" in default_card["title"]
     by_name = dict(zip(frame["tags.stack_name"], frame["tok_per_s"]))
     assert overview["points_drawn"] >= 8
