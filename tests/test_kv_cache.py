@@ -11,7 +11,9 @@ tests/test_every_chart.py).
 from __future__ import annotations
 
 import itertools
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -326,3 +328,21 @@ def test_five_charts_plot_the_store(kv_store):
     assert len([t for t in tradeoff["traces"] if t["name"] == "quanto"][0]["x"]) == 3
     speed = page.figure("kv_cache-speed")
     assert len(speed["traces"]) == len(KV_STACKS)
+
+
+def test_an_interrupted_quanto_build_does_not_hang_the_next_trial():
+    """quanto builds its C++ kernels on first use under torch's build lock, a file that Ctrl-C during
+    that build leaves behind; torch then waits on it forever, at every later load. A trial's cache
+    set-up (``build_quanto_kernels``, in a fresh process as a worker is) must remove it and go on."""
+    from optimum.quanto.library.extensions import get_extension
+
+    from conftest import ROOT
+
+    build = Path(get_extension("quanto_cpp").build_directory)
+    build.mkdir(parents=True, exist_ok=True)
+    (build / "lock").touch()                   # what an interrupted first build leaves
+    code = "from trials.kv_cache import build_quanto_kernels; build_quanto_kernels('cpu'); print('ready')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ready", done.stderr[-2000:]
+    assert "removed the build lock" in done.stderr
+    assert not (build / "lock").exists()

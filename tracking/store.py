@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from tracking import spool
+from trials.config import TrialConfig
 from trials.groups import NAMES as GROUPS
 
 TRIAL_ARTIFACT = "trial.json"
@@ -180,7 +182,6 @@ def log_trial(uri: str, result, sweep_id: str = "") -> str:
     except Exception as exc:
         if not _unreachable(uri, exc):
             raise
-        from tracking import spool
 
         path = spool.save(uri, record, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
         print(f"warning: tracking store {uri} unreachable; result spooled to {path} (delivered when it is "
@@ -204,7 +205,6 @@ def _unreachable(uri: str, exc: Exception) -> bool:
 
 def deliver_spooled(uri: str | None = None) -> tuple[int, int]:
     """Deliver spooled results (to ``uri``, or each to its own store); (delivered, left). Never raises."""
-    from tracking import spool
 
     try:
         return spool.deliver(uri, redeliver_record)
@@ -216,8 +216,6 @@ def redeliver_record(uri: str, record: dict) -> str:
     """``write_record`` at most once per trial_key, for a spooled result: a run with that key that
     ended means it was delivered; one still RUNNING (a write cut short when the store went away) is
     deleted and the result written again."""
-    from trials.config import TrialConfig
-
     client = _client(uri)
     experiment_id = _experiment_id(client, TrialConfig.from_dict(record["result"]["config"]).group)
     for run in client.search_runs([experiment_id], f"tags.trial_key = '{record['trial_key']}'", max_results=10):
@@ -231,8 +229,6 @@ def write_record(uri: str, record: dict) -> str:
     """Write one result (``log_trial``'s record: the result as a dict, sweep_id, and a trial_key new
     to the store, tagged on the run) as a run."""
     from mlflow.entities import Metric, Param
-
-    from trials.config import TrialConfig
 
     data, key = record["result"], record["trial_key"]
     config = TrialConfig.from_dict(data["config"])

@@ -33,6 +33,8 @@ import sysconfig
 import zlib
 from dataclasses import dataclass
 
+from trials.errors import ConfigError
+
 SOURCES = ("code", "prose", "structured")
 
 # Stdlib folders left out of the code source: tests (huge, repetitive), GUI code, vendored
@@ -106,8 +108,6 @@ def real_text() -> str:
     for path in candidates:
         if os.path.isfile(path):
             return path
-    from trials.errors import ConfigError
-
     raise ConfigError(f"no real text for perplexity: none of {', '.join(candidates)} exists")
 
 

@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -59,6 +61,7 @@ from trials.loop import Measured, PerCall, TrialResult, compare_outputs, finish,
 from trials.prompts import Prompt
 from trials.worker import WORKER
 
+log = logging.getLogger(__name__)
 BACKEND_PACKAGES = {"hqq": ("hqq", "hqq"), "quanto": ("optimum.quanto", "optimum-quanto")}
 REFERENCE_MAX_AGE_S = 30 * 60
 
@@ -73,6 +76,44 @@ def require_backend(backend: str) -> None:
     except ImportError as exc:
         raise ConfigError(f"KV backend {backend!r} needs the {package!r} package, which this worker "
                           f"cannot import ({type(exc).__name__}); pip install {package}") from None
+
+
+# quanto compiles its C++ kernels on first use (~1 min on 2 cores) under torch's build lock, a plain
+# file that a build interrupted by Ctrl-C or a killed worker leaves behind; every later build, and
+# every later load (torch takes the lock to check the build), then waits on it forever, silently.
+QUANTO_KERNELS = {"cpu": "quanto_cpp", "cuda": "quanto_cuda"}
+
+
+def build_quanto_kernels(device: str) -> None:
+    """Build (or load) quanto's kernels for ``device`` before a cache needs them, one process at a
+    time under an ``flock``, which the kernel releases when its holder dies: whoever holds it knows
+    that a torch lock left in the build folder is stale, and removes it."""
+    import fcntl
+
+    from optimum.quanto.library.extensions import get_extension, is_extension_available
+
+    name = QUANTO_KERNELS.get(device.split(":")[0])
+    if name is None or not is_extension_available(name):
+        return
+    extension = get_extension(name)
+    build = Path(extension.build_directory)
+    build.mkdir(parents=True, exist_ok=True)
+    with open(build.parent / "build.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if clear_stale_build_lock(build):
+            log.warning("removed the build lock an interrupted build of %s left in %s; building it again",
+                        name, build)
+        extension.lib
+
+
+def clear_stale_build_lock(build_directory: Path) -> bool:
+    """Remove torch's ``lock`` in ``build_directory``; call it only under ``build_quanto_kernels``'
+    flock (no build of ours is running then). True if there was one."""
+    lock = build_directory / "lock"
+    if not lock.exists():
+        return False
+    lock.unlink(missing_ok=True)
+    return True
 
 
 def cache_config(stack: Stack) -> dict:
@@ -100,6 +141,8 @@ def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
     if stack.kv_bits == 16:
         return {}
     require_backend(stack.kv_backend)
+    if stack.kv_backend == "quanto":
+        build_quanto_kernels(loaded.device)
     if has_sliding_layers(loaded.model):
         return {cache_kwarg(loaded.model): PerCall(lambda: make_cache(stack, loaded.model))}
     return {"cache_implementation": "quantized", "cache_config": cache_config(stack)}
