@@ -228,7 +228,7 @@ def measure(uri: str, folder: Path, rounds: int, refresh_s: float) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python benchmarks/dashboard_scale.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python benchmarks/dashboard_scale.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="source", default="sqlite:///mlflow.db", metavar="URI",
                         help="the store whose runs are copied (default: the main job's ./mlflow.db)")
     parser.add_argument("--runs", type=int, default=10_000, help="runs in the seeded store (default 10000)")
