@@ -190,6 +190,30 @@ def test_compiled_decoding_compiles_in_the_warm_up_and_keeps_the_outputs(stacks_
     assert "torch.compile" in compiled["tags.parts"] and compiled["compile_warmup_s"] > 0
     assert compiled["compile_warmup_s"] > frame.loc[fast_precision("cpu"), "warmup_s"]
     assert 0.9 <= compiled["fidelity_token_match"] <= 1 and compiled["tok_per_s"] > 0
+    assert compiled["tags.compile_fallback"] == "none"            # the step ran compiled
+
+
+def test_a_compile_that_gave_up_and_ran_eagerly_is_said_so():
+    """Dynamo guards on a Python int it cannot make symbolic under dynamic=False (as a sliding-window
+    cache's length was): each new value compiles a new graph until the recompile limit, then the
+    code runs eagerly. The trial's record must say so instead of calling the number compiled."""
+    import torch
+
+    from trials.compiled import compile_record, dynamo_counts
+
+    class Holder:
+        length = 0
+
+    holder = Holder()
+    step = torch.compile(lambda x: x * holder.length, backend="eager", dynamic=False)
+    before = dynamo_counts()
+    for length in range(1, 12):                  # past the limit of 8
+        holder.length = length
+        assert step(torch.ones(2)).tolist() == [length, length]
+    metrics, tags = compile_record(before)
+    assert metrics["compile_graphs"] >= 8 and tags["compile_fallback"].startswith("eager after")
+    metrics, tags = compile_record(dynamo_counts())
+    assert metrics["compile_graphs"] == 0 and tags["compile_fallback"] == "none"
 
 
 def test_the_three_pieces_plot_the_store(stacks_store):

@@ -10,6 +10,13 @@ included, decodes with the same shapes. The compilation therefore happens in the
 loop times apart (``warmup_s``: it holds the compile time) and never counts in ``tok_per_s``.
 Transformers auto-compiles only on CUDA unless told otherwise; ``_compile_all_devices`` tells it to
 compile here too, so the same code path is measured on CPU and on CUDA.
+
+Shapes are static, but not every cache is: a sliding-window layer's static cache (Gemma-3) keeps its
+length in a Python int that dynamo guards on, so with ``dynamic=False`` every decode step compiled a
+new graph until dynamo's recompile limit (8) and then ran the step eagerly, uncompiled. The default,
+``dynamic=None``, makes that int symbolic at its first change: two graphs, and every step compiled.
+Each compiled trial records how many graphs dynamo compiled during it and whether it gave up
+(``compile_graphs``, tag ``compile_fallback``), so a "compiled" number that was not is said so.
 """
 
 from __future__ import annotations
@@ -27,9 +34,25 @@ BACKEND, MODE = "inductor", "default"
 def compile_config():
     from transformers.generation import CompileConfig
 
-    config = CompileConfig(fullgraph=False, dynamic=False, backend=BACKEND, mode=MODE)
+    config = CompileConfig(fullgraph=False, dynamic=None, backend=BACKEND, mode=MODE)
     config._compile_all_devices = True          # transformers compiles on CUDA only by default
     return config
+
+
+def dynamo_counts() -> tuple[int, int]:
+    """(graphs dynamo has compiled in this process, times it hit its recompile limit and ran eagerly)."""
+    from torch._dynamo.utils import counters
+
+    gave_up = sum(n for reason, n in counters.get("unimplemented", {}).items() if "recompile limit" in reason.lower())
+    return counters.get("stats", {}).get("unique_graphs", 0), gave_up
+
+
+def compile_record(before: tuple[int, int]) -> tuple[dict, dict]:
+    """Metrics and tags of a compiled trial, from ``dynamo_counts()`` taken before it."""
+    graphs, gave_up = (now - then for now, then in zip(dynamo_counts(), before))
+    fallback = (f"eager after dynamo's recompile limit ({gave_up} time(s)): the step was not compiled"
+                if gave_up else "none")
+    return {"compile_graphs": float(graphs)}, {"compile_fallback": fallback}
 
 
 def max_cache_len(config: TrialConfig, loaded: models.LoadedModel) -> int:

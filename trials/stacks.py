@@ -95,6 +95,7 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     check_model(config, loaded.model.config)       # a cache the quantized backend cannot hold: why
     prompts = trial_prompts(config, loaded)
     kwargs = groups.generate_kwargs(config, loaded)
+    dynamo_before = compiled.dynamo_counts() if stack.compile else None
     measured = measure(config, loaded, prompts, generate_kwargs=kwargs)
     ref, ref_source = reference(config, prompts)
     metrics = compare_outputs(measured.outputs(), ref.outputs)
@@ -120,6 +121,9 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     m["memory_vs_baseline"] = m["peak_memory_bytes"] / base.peak_memory_bytes
     if stack.compile:
         m["compile_warmup_s"] = measured.warmup_s          # the warm-up compiled the decode step
+        graphs, fallback = compiled.compile_record(dynamo_before)
+        m.update(graphs)
+        result.tags.update(fallback)
     return result
 
 
