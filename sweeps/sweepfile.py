@@ -15,7 +15,8 @@ Every key is optional; what is left out is the command line's default::
       base: quick
       repeats: 5
       speculative: {draft_k: [2, 4, 8]}
-    stacks: [nf4, spec, nf4+kv4+spec]   # the stacks group: only these of its design
+    stacks: [base, nf4, spec, nf4+kv4+spec]   # the stacks group: only these of its design (base:
+                                              # bf16 where it is native, else fp32)
 
 The built-in profiles (``sweeps/profiles/*.yaml``) are sweep files too, with a complete profile, so
 the main job reads its own sizes through this very loader. A file is checked before anything

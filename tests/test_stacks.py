@@ -193,6 +193,31 @@ def test_compiled_decoding_compiles_in_the_warm_up_and_keeps_the_outputs(stacks_
     assert compiled["tags.compile_fallback"] == "none"            # the step ran compiled
 
 
+def test_compiled_kernels_are_cached_per_cpu_capability(tmp_path, monkeypatch):
+    """Inductor's on-disk kernels, built as AVX-512, were loaded by an AVX2 process on the same
+    machine (how the project reproduces an AVX2-only CPU) and decoded wrong tokens: each capability
+    keeps its own cache, even after inductor wrote its default (as loading a model does), unless the
+    user set TORCHINDUCTOR_CACHE_DIR."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from trials import compiled
+
+    code = ("from trials import compiled\n"
+            "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
+            "cache_dir()\n"                                   # inductor writes its default, as a load does
+            "print(compiled.keep_kernels_per_capability())")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**env, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].endswith("cpu-avx2")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))             # the user's choice stands
+    assert compiled.keep_kernels_per_capability() == str(tmp_path)
+
+
 def test_a_compile_that_gave_up_and_ran_eagerly_is_said_so():
     """Dynamo guards on a Python int it cannot make symbolic under dynamic=False (as a sliding-window
     cache's length was): each new value compiles a new graph until the recompile limit, then the

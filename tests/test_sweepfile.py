@@ -77,3 +77,8 @@ def test_the_readme_example_is_the_file_and_plans_offline(tiny_zoo):
 
     stacks = only_stacks(planned["stacks"], sweep.stacks, sweep.source)
     assert {c.model for c in stacks} == set(sweep.models) and len(stacks) == len(sweep.stacks) * len(sweep.models)
+    # "base" is the design's base stack on any CPU: bf16 where it is native, fp32 where it is emulated
+    from trials.factorial import stack_name
+    from trials.hardware import fast_precision
+
+    assert "base" in sweep.stacks and fast_precision("cpu") in {stack_name(c.stack) for c in stacks}

@@ -17,10 +17,18 @@ new graph until dynamo's recompile limit (8) and then ran the step eagerly, unco
 ``dynamic=None``, makes that int symbolic at its first change: two graphs, and every step compiled.
 Each compiled trial records how many graphs dynamo compiled during it and whether it gave up
 (``compile_graphs``, tag ``compile_fallback``), so a "compiled" number that was not is said so.
+
+Inductor caches compiled kernels on disk (``/tmp/torchinductor_<user>``) under a key that does not
+include ATen's CPU capability: on one machine run as AVX-512 and then as AVX2
+(``ATEN_CPU_CAPABILITY=avx2``, how the project reproduces an AVX2-only CPU), the AVX2 process
+loaded the AVX-512 build's kernels and its greedy output matched the uncompiled one on 8 % of
+tokens (100 % with a fresh cache). So the cache is kept per capability, unless
+``TORCHINDUCTOR_CACHE_DIR`` says where it goes.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from trials import models
@@ -62,10 +70,25 @@ def max_cache_len(config: TrialConfig, loaded: models.LoadedModel) -> int:
     return longest + config.workload.max_new_tokens
 
 
+def keep_kernels_per_capability() -> str:
+    """Point inductor's kernel cache at a folder of this CPU capability, unless the user chose one
+    (inductor writes its own default into ``TORCHINDUCTOR_CACHE_DIR`` the first time it looks, e.g.
+    while transformers loads a model: that one is not a choice); the folder it uses."""
+    import torch
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            default_cache_dir(), f"cpu-{torch.backends.cpu.get_cpu_capability().lower()}")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
     """What ``generate()`` needs for compiled decoding (nothing without ``stack.compile``)."""
     if not config.stack.compile:
         return {}
+    keep_kernels_per_capability()
     if config.device == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("compiled decoding on CPU needs a C++ compiler (inductor generates C++): "
                           "apt-get install g++")
