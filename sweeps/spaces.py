@@ -156,7 +156,8 @@ def speculative(models: list[str], profile: Profile, device: str) -> list[TrialC
 # backends), speculation (off / the target's draft at its best k, or prompt lookup where it has no
 # draft) and compiled decoding (off / static cache + torch.compile), each combination ONE trial at
 # batch 1, base stack first (the others reuse its numbers in a worker). Combinations that cannot run
-# (a quantized cache with speculation or compile; speculation with compile: Stack.validate and the
+# (a quantized cache with speculation or compile; speculation with compile; compile of quantized
+# weights, which transformers decodes uncompiled: Stack.validate and the
 # group's guard say why) are refused here, with the reason in the log; trials.factorial leaves their
 # interactions out. Beside the design, the profile's batch size, plain and with the smallest weights
 # and cache.

@@ -23,6 +23,7 @@ from trials.prompts import PROMPT_SETS
 from trials.registry import get_model, max_positions
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
+QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")   # loaded through a transformers quantizer (trials.quantized_weights)
 KV_BITS = (16, 8, 4, 2)
 KV_BACKENDS = ("none", "hqq", "quanto")      # transformers' QuantizedCache backends
 KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2)}   # of KV_BITS, what each backend packs
@@ -87,6 +88,10 @@ class Stack:
             _check(self.kv_bits == 16 and self.speculation == "none",
                    "compiled decoding runs on transformers' static cache, which neither a quantized KV "
                    "cache nor speculation (it must crop its cache) can use")
+            _check(self.precision not in QUANTIZED_WEIGHTS,
+                   f"compiled decoding and {self.precision} weights cannot run together: transformers "
+                   "does not compile a model whose quantizer is not compileable (bitsandbytes, GPTQ), "
+                   "so generate() would decode uncompiled")
 
     @property
     def label(self) -> str:
