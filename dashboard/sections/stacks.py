@@ -246,7 +246,8 @@ def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame,
         cells[0].append(why)
         cells[1].append(f"{row['name']}: {float(row['tok_per_s']):.1f} tok/s ({_interval(row)}), "
                         f"{float(row['peak_mb']):.1f} MB, x{float(row.get('speedup_vs_baseline', float('nan'))):.2f} "
-                        f"speed, x{float(row.get('memory_vs_baseline', float('nan'))):.2f} memory vs base; {_quality(row)}")
+                        f"speed, x{float(row.get('memory_vs_baseline', float('nan'))):.2f} memory vs the base stack "
+                        f"measured in the same worker; {_quality(row)}")
         cells[2].append(command)
         cells[3].append(code)
     if not picks and not rows.empty:
