@@ -116,13 +116,14 @@ def _not_mlflow() -> str:
     return f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def _read_only_store(tmp) -> str:
-    """A sqlite file nobody may write: immutable (chattr +i; root ignores mode bits), else mode 0444."""
+def _read_only_store(tmp, copy_of: str | None = None) -> str:
+    """A sqlite file nobody may write: immutable (chattr +i; root ignores mode bits), else mode 0444;
+    empty, or a copy of the store ``copy_of``."""
     import os
     import subprocess
 
     path = tmp / "read-only.db"
-    path.write_bytes(b"")
+    path.write_bytes(b"" if copy_of is None else open(copy_of[len("sqlite:///"):], "rb").read())
     if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0:
         _IMMUTABLE.append(path)
     else:
@@ -279,6 +280,24 @@ def test_bad_input_is_one_line_and_changes_nothing(kind, make, needle, store, tm
     assert len(lines) == 1, (kind, err)
     assert needle in lines[0], (kind, lines[0])
     assert _digest(store) == before, f"{kind}: the store changed"
+
+
+def test_readers_open_a_store_they_may_not_write(store, tmp_path, capsys):
+    """The export and the report only read: a store nobody may write (a copy of a cluster's store,
+    say) opens, while a sweep into it is refused (the catalogue's "read-only sqlite store")."""
+    import importlib.util
+
+    from conftest import ROOT
+    from dashboard.export import main as export
+
+    read_only = _read_only_store(tmp_path, copy_of=store)
+    out = tmp_path / "report.html"
+    assert export(["--tracking-uri", read_only, "--out", str(out)]) == 0 and out.stat().st_size > 0
+    spec = importlib.util.spec_from_file_location("report_script", ROOT / "benchmarks" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.main(["--tracking-uri", read_only]) == 0
+    assert "| baseline | 1 |" in capsys.readouterr().out
 
 
 def test_the_catalogue_has_at_least_25_kinds():

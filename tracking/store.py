@@ -58,10 +58,11 @@ def _sqlite_path(uri: str) -> Path | None:
 
 def reachable_uri(uri: str | None = None, must_exist: bool = False) -> str:
     """``resolve_uri`` then ``check_reachable``: the store a command line names, or ``TrackingError``.
-    ``must_exist`` (readers: the dashboard, the export): a sqlite file that is not there is an error,
-    not an empty store created in whatever folder the command ran in."""
+    ``must_exist`` (readers: the dashboard, the export, the report): a sqlite file that is not there
+    is an error, not an empty store created in whatever folder the command ran in; and one they may
+    not write (a copy of a cluster's store, say) is fine, since they only read."""
     uri = resolve_uri(uri)
-    check_reachable(uri)
+    check_reachable(uri, writable=not must_exist)
     path = _sqlite_path(uri)
     if must_exist and path is not None and not path.is_file():
         raise TrackingError(f"no MLflow store at {path}: run a sweep first (python sweeps/full.py), or "
@@ -69,14 +70,17 @@ def reachable_uri(uri: str | None = None, must_exist: bool = False) -> str:
     return uri
 
 
-def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Raise ``TrackingError`` with one line when the store cannot be reached or written."""
+def check_reachable(uri: str, timeout_s: float = 5.0, writable: bool = True) -> None:
+    """Raise ``TrackingError`` with one line when the store cannot be reached, or (``writable``)
+    written."""
     path = _sqlite_path(uri)
     if path is not None:
         if not path.parent.is_dir():
             raise TrackingError(f"tracking store {uri} is unreachable: folder {path.parent} does not exist")
-        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        if writable and (not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK))):
             raise TrackingError(f"tracking store {uri} is not writable")
+        if not writable and path.exists() and not os.access(path, os.R_OK):
+            raise TrackingError(f"tracking store {uri} is not readable")
         return
     if uri.startswith(("http://", "https://")):
         import requests
