@@ -137,8 +137,13 @@ SECTIONS = {"batching": batching, "speculative": speculative, "kv_cache": kv_cac
             "quantization": quantization, "stacks": stacks}
 
 
-def report(uri: str) -> str:
-    frames = {name: tracking.runs_frame(uri, name) for name in groups.NAMES}
+def group_frames(uri: str) -> dict[str, pd.DataFrame]:
+    """Each group's finished runs in the store."""
+    return {name: tracking.runs_frame(uri, name) for name in groups.NAMES}
+
+
+def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
+    """The store's figures as Markdown, from ``group_frames(uri)``."""
     out = [f"Measured in `{uri}`: {machine(frames)}", "", *trial_times(frames)]
     for name, section in SECTIONS.items():
         lines = section(frames[name])
@@ -155,13 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
-        if all(tracking.runs_frame(uri, name).empty for name in groups.NAMES):
+        frames = group_frames(uri)
+        if all(frame.empty for frame in frames.values()):
             raise tracking.TrackingError(f"{uri} holds no finished runs: run a sweep into it first "
                                          "(python sweeps/full.py --tracking-uri ...)")
     except tracking.TrackingError as exc:
         print(f"python benchmarks/report.py: error: {exc}", file=sys.stderr)
         return 2
-    print(report(uri), end="")
+    print(report(uri, frames), end="")
     return 0
 
 

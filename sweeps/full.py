@@ -217,16 +217,16 @@ def only_stacks(configs: list[TrialConfig], names: list[str], source: str) -> li
 
     ``base`` names the design's base stack, whatever precision runs fast here (bf16 where it is
     native, fp32 on a CPU that emulates bf16), so one sweep file serves every machine."""
-    from trials.factorial import stack_factors, stack_name
+    from trials.factorial import stack_name
+    from trials.stacks import base_stack
 
     planned = list(dict.fromkeys(stack_name(c.stack) for c in configs))
-    base = [stack_name(c.stack) for c in configs if c.stack.batch_size == 1 and not any(stack_factors(c.stack).values())]
-    names = [base[0] if name == "base" and base else name for name in names]
+    base = stack_name(base_stack(configs[0])) if configs else "none"
+    names = [base if name == "base" else name for name in names]
     unknown = [name for name in names if name not in planned]
     if unknown:
         raise ConfigError(f"{source}: stacks: {', '.join(map(repr, unknown))} not in the stacks group's "
-                          f"plan here; planned: base ({base[0] if base else 'none'} here), "
-                          f"{', '.join(n for n in planned if n not in base[:1])}")
+                          f"plan here; planned: base ({base} here), {', '.join(n for n in planned if n != base)}")
     return [c for c in configs if stack_name(c.stack) in names]
 
 

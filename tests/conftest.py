@@ -45,6 +45,16 @@ def tiny_zoo():
     return zoo.zoo_dir()
 
 
+def report_script():
+    """``benchmarks/report.py`` as a module (a script, not a package module): its ``main(argv)``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("report_script", ROOT / "benchmarks" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_sweep(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """``python sweeps/full.py ARGS`` as a user runs it, from the repository root."""
     return subprocess.run([sys.executable, str(SWEEP), *args], capture_output=True, text=True,

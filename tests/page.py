@@ -92,12 +92,13 @@ class Page:
         chosen = {**self._defaults[group], **controls}
         self._deep[group] = self._rendered.deep_dive(self._sections[group], model, chosen)
 
+    def _components(self):
+        """Every component of the page: the sections, then each drawn deep dive."""
+        for children in [self.tree, *self._deep.values()]:
+            yield from _walk(_Holder(children))
+
     def element(self, element_id: str):
-        for root in [self.tree, *self._deep.values()]:
-            for component in _walk(root if not isinstance(root, list) else _Holder(root)):
-                if getattr(component, "id", None) == element_id:
-                    return component
-        return None
+        return next((c for c in self._components() if getattr(c, "id", None) == element_id), None)
 
     def _graph(self, graph_id: str):
         graph = self.element(graph_id)
@@ -116,8 +117,7 @@ class Page:
         return _text(found)
 
     def graph_ids(self) -> list[str]:
-        return [c.id for root in [self.tree, *self._deep.values()]
-                for c in _walk(_Holder(root) if isinstance(root, list) else root) if hasattr(c, "figure")]
+        return [c.id for c in self._components() if hasattr(c, "figure")]
 
 
 class _Holder:

@@ -60,17 +60,12 @@ def _sweep(*argv):
 
 
 def _report(tmp, *argv):
-    """benchmarks/report.py's main (a script, not a package module), on a fresh empty store."""
-    import importlib.util
+    """benchmarks/report.py's main, on a fresh empty store."""
+    from conftest import report_script
 
-    from conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("report_script", ROOT / "benchmarks" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     empty = f"sqlite:///{tmp / 'empty.db'}"
     tracking.prepare_store(empty)
-    return module.main, ["--tracking-uri", empty, *argv]
+    return report_script().main, ["--tracking-uri", empty, *argv]
 
 
 def _sweep_file(tmp, uri: str, text: str):
@@ -285,18 +280,13 @@ def test_bad_input_is_one_line_and_changes_nothing(kind, make, needle, store, tm
 def test_readers_open_a_store_they_may_not_write(store, tmp_path, capsys):
     """The export and the report only read: a store nobody may write (a copy of a cluster's store,
     say) opens, while a sweep into it is refused (the catalogue's "read-only sqlite store")."""
-    import importlib.util
-
-    from conftest import ROOT
+    from conftest import report_script
     from dashboard.export import main as export
 
     read_only = _read_only_store(tmp_path, copy_of=store)
     out = tmp_path / "report.html"
     assert export(["--tracking-uri", read_only, "--out", str(out)]) == 0 and out.stat().st_size > 0
-    spec = importlib.util.spec_from_file_location("report_script", ROOT / "benchmarks" / "report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    assert report.main(["--tracking-uri", read_only]) == 0
+    assert report_script().main(["--tracking-uri", read_only]) == 0
     assert "| baseline | 1 |" in capsys.readouterr().out
 
 

@@ -112,12 +112,9 @@ def test_mlflow_server_shows_the_same_runs(quick_sweep, tmp_path):
 
 def test_the_report_of_measured_sizes_is_written_from_the_store(quick_sweep, capsys):
     """benchmarks/report.py: the figures the sizing rests on, recomputed from the runs."""
-    import importlib.util
+    from conftest import report_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "report.py"
-    spec = importlib.util.spec_from_file_location("report", path)
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = report_script()
     assert report.main(["--tracking-uri", quick_sweep.uri]) == 0
     out = capsys.readouterr().out
     times = out.split("**")[0]
