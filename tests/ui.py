@@ -7,6 +7,7 @@ the browser holds it, once something is drawn, so tests compare what was plotted
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -21,6 +22,7 @@ import pytest
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -155,3 +157,24 @@ def select_model(driver, group: str, model: str) -> None:
     search.send_keys("\n")
     WebDriverWait(driver, RENDER_TIMEOUT_S).until(
         lambda d: model in d.find_element(By.CSS_SELECTOR, f"#{group}-model").text)
+
+
+def hover_until(driver, selector: str, read, timeout: float = RENDER_TIMEOUT_S):
+    """Rest the pointer on the element ``selector`` finds and wait until ``read(driver)`` returns
+    something. A busy machine may draw the chart, or redraw it, after the pointer arrived (Plotly then
+    saw no hover, and waiting alone would not help), so the pointer moves again, a pixel to and fro,
+    each time the condition is polled and still false."""
+    moves = iter(range(10**6))
+
+    def hovered(d):
+        found = read(d)
+        if found:
+            return found
+        step = next(moves)
+        with contextlib.suppress(Exception):      # the element may be redrawn between find and move
+            ActionChains(d).move_to_element(d.find_element(By.CSS_SELECTOR, selector)) \
+                .move_by_offset(step % 2, 1).perform()
+        return None
+
+    return WebDriverWait(driver, timeout, poll_frequency=1.0).until(hovered)
+
