@@ -41,7 +41,7 @@ from trials import pypi_models, zoo
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.prompts import workload_prompts
-from trials.registry import get_model, perplexity_method, reference_precision
+from trials.registry import ModelEntry, perplexity_method, reference_precision
 from trials.worker import WORKER
 
 log = logging.getLogger("sweeps.budget")
@@ -95,10 +95,9 @@ def _fingerprint(threads: int, device: str) -> str:
     return f"{p.model}|{p.capability}|bf16={p.bf16_native}|torch={torch.__version__}|threads={threads}|{gpu}"
 
 
-def _model_identity(model: str) -> str:
+def _model_identity(entry: ModelEntry) -> str:
     """What makes two calibrations of one name comparable: the zoo recipe, the converted GGUF's
     sha256 (real models from PyPI), or the folder/hub id."""
-    entry = get_model(model)
     if entry.source == "zoo":
         return zoo.recipe_hash(entry.location)
     if entry.source == "pypi" and pypi_models.is_converted(entry.location):
@@ -106,8 +105,8 @@ def _model_identity(model: str) -> str:
     return entry.location
 
 
-def _key(model: str, precision: str, device: str, threads: int) -> str:
-    return f"{model}|{precision}|{device}|{_model_identity(model)}|{_fingerprint(threads, device)}"
+def _key(model: ModelEntry, precision: str, device: str, threads: int) -> str:
+    return f"{model.name}|{precision}|{device}|{_model_identity(model)}|{_fingerprint(threads, device)}"
 
 
 def _read_cache() -> dict:
@@ -126,7 +125,7 @@ def _write_cache(entries: dict) -> None:
     os.replace(tmp, path)
 
 
-def measure_step_cost(model: str, precision: str, device: str) -> StepCost:
+def measure_step_cost(model: ModelEntry, precision: str, device: str) -> StepCost:
     """Load the model, time one prefill of PREFILL_TOKENS tokens and DECODE_STEPS decode steps."""
     import torch
 
@@ -160,9 +159,10 @@ def measure_step_cost(model: str, precision: str, device: str) -> StepCost:
                     load_s=loaded.load_s, measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
-def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
+def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int,
               recalibrate: bool = False) -> dict[tuple[str, str], StepCost]:
-    """Step costs for every (model, precision), from the per-machine cache or measured now.
+    """Step costs for every (model, precision), by (model name, precision), from the per-machine
+    cache or measured now.
 
     A pair that cannot load here (a missing optional package, a hub model without a network) gets no
     entry: its trials fail at once with that reason, so they cost nothing.
@@ -172,10 +172,10 @@ def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
     cache = _read_cache()
     costs: dict[tuple[str, str], StepCost] = {}
     todo = []
-    for model, precision in sorted(pairs):
+    for model, precision in sorted(pairs, key=lambda pair: (pair[0].name, pair[1])):
         entry = None if recalibrate else cache.get(_key(model, precision, device, threads))
         if entry:
-            costs[(model, precision)] = StepCost(**entry)
+            costs[(model.name, precision)] = StepCost(**entry)
         else:
             todo.append((model, precision))
     if not todo:
@@ -190,35 +190,35 @@ def calibrate(pairs: set[tuple[str, str]], device: str, threads: int,
             try:
                 cost = measure_step_cost(model, precision, device)
             except (ConfigError, ImportError) as exc:
-                log.info("  [%d/%d] %s %s: not calibrated (%s)", i, len(todo), model, precision,
+                log.info("  [%d/%d] %s %s: not calibrated (%s)", i, len(todo), model.name, precision,
                          str(exc).splitlines()[0])
                 continue
             except OSError as exc:      # weights not here: a hub id offline, a folder gone
                 log.warning("  [%d/%d] %s %s: cannot load it here, not calibrated (%s); its trials fail "
-                            "the same way unless the workers can reach it", i, len(todo), model, precision,
+                            "the same way unless the workers can reach it", i, len(todo), model.name, precision,
                             str(exc).splitlines()[0])
                 continue
             finally:
                 WORKER.drop_models()
-            costs[(model, precision)] = cost
+            costs[(model.name, precision)] = cost
             cache[_key(model, precision, device, threads)] = asdict(cost)
             log.info("  [%d/%d] %s %s: %.1f ms per decode step, %.2f ms per prefill token",
-                     i, len(todo), model, precision, cost.decode_s * 1e3, cost.prefill_token_s * 1e3)
+                     i, len(todo), model.name, precision, cost.decode_s * 1e3, cost.prefill_token_s * 1e3)
     finally:
         torch.set_num_threads(previous_threads)
     _write_cache(cache)
     return costs
 
 
-def pairs_needed(configs: list[TrialConfig]) -> set[tuple[str, str]]:
-    """(model, precision) pairs whose step cost the estimate of ``configs`` reads."""
+def pairs_needed(configs: list[TrialConfig]) -> set[tuple[ModelEntry, str]]:
+    """(model entry, precision) pairs whose step cost the estimate of ``configs`` reads."""
     pairs = set()
     for c in configs:
-        pairs.add((c.model, c.stack.precision))
+        pairs.add((c.entry(), c.stack.precision))
         if c.stack.draft_model:
-            pairs.add((c.stack.draft_model, c.stack.precision))
+            pairs.add((c.entry(c.stack.draft_model), c.stack.precision))
         if c.group in ("quantization", "stacks"):
-            pairs.add((c.model, reference_precision(c.model, c.device)))
+            pairs.add((c.entry(), reference_precision(c.entry(), c.device)))
     return pairs
 
 
@@ -280,9 +280,9 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
                            _generate_s(cost, prompts, prompt_tokens, w.max_new_tokens, 1, 1))
         total += plain
     elif config.group == "quantization":
-        method = perplexity_method(config.model, w.eval_windows)
+        method = perplexity_method(config.entry(), w.eval_windows)
         ppl_tokens = method.windows * method.context
-        ref_precision = reference_precision(config.model, config.device)
+        ref_precision = reference_precision(config.entry(), config.device)
         ref = costs.get((config.model, ref_precision), cost)
         total += reference(("quantization", config.model, w, s.batch_size),
                            _generate_s(ref, prompts, prompt_tokens, w.max_new_tokens, 1, s.batch_size)
@@ -292,7 +292,7 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
         # once per model and workload: the base stack (full repeats) and the reference precision's
         # outputs and teacher-forced predictions; then the stack itself, with its draft's steps and,
         # where weights or cache are quantized, its own teacher-forced pass
-        ref = costs.get((config.model, reference_precision(config.model, config.device)), cost)
+        ref = costs.get((config.model, reference_precision(config.entry(), config.device)), cost)
         forced = prompts * (prompt_tokens * ref.prefill_token_s + w.max_new_tokens * ref.decode_s)
         total += reference(("stacks", config.model, w),
                            _generate_s(ref, prompts, prompt_tokens, w.max_new_tokens, config.repeats + 1, 1)
@@ -300,7 +300,7 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
         draft = costs.get((s.draft_model, s.precision)) if s.draft_model else None
         if draft is not None:
             total += w.max_new_tokens * config.repeats * prompts / 2 * s.num_draft_tokens * draft.decode_s
-        if s.kv_bits != 16 or s.precision != reference_precision(config.model, config.device):
+        if s.kv_bits != 16 or s.precision != reference_precision(config.entry(), config.device):
             total += forced * cost.decode_s / ref.decode_s
         total += plain + (COMPILE_S if s.compile else 0.0)
     else:
@@ -327,7 +327,7 @@ def shrink(config: TrialConfig, level: int, emulated: bool = False) -> TrialConf
         w, max_new_tokens=max(min(w.max_new_tokens, min_tokens), w.max_new_tokens // tokens_div),
         prompts_per_type=max(1, w.prompts_per_type // prompts_div))
     if config.group == "quantization" and prompts_div > 1:
-        default = perplexity_method(config.model, w.eval_windows).windows
+        default = perplexity_method(config.entry(), w.eval_windows).windows
         workload = replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_div))
     repeats = max(min(config.repeats, MIN_REPEATS), config.repeats - fewer_repeats)
     return replace(config, workload=workload, repeats=repeats)

@@ -32,7 +32,7 @@ from sweeps.spaces import PROFILES, default_models, run_order  # noqa: E402
 from trials import groups, pypi_models, zoo  # noqa: E402
 from trials.config import TrialConfig, parse_memory_budget  # noqa: E402
 from trials.errors import ConfigError  # noqa: E402
-from trials.registry import all_models, get_model  # noqa: E402
+from trials.registry import BUILT_IN, Catalogue, all_models  # noqa: E402
 
 log = logging.getLogger("sweeps")
 
@@ -155,11 +155,12 @@ def validate(args: argparse.Namespace) -> None:
     args.groups = chosen
     if args.wait_for_gpus and args.address is None:
         raise ConfigError("--wait-for-gpus needs --address (a Ray cluster whose workers are starting)")
+    args.catalogue = Catalogue(tuple(args.sweep_file.entries)) if args.sweep_file else BUILT_IN
     if args.models is not None:
         if not args.models:
             raise ConfigError(f"--models is empty; valid: {', '.join(all_models())}")
         for model in args.models:
-            get_model(model)
+            args.catalogue.get(model)
 
 
 # Environment variables the trials need on every node: Ray's runtime_env hands them to the workers,
@@ -205,7 +206,8 @@ def _alive_nodes() -> int:
 def plan(args: argparse.Namespace, device: str, uri: str | None = None) -> dict[str, list[TrialConfig]]:
     models = args.models or default_models(device)
     profile = chosen_profile(args, device)
-    trials = {name: groups.get(name).plan(models, profile, device, uri) for name in args.groups}
+    catalogue = getattr(args, "catalogue", BUILT_IN)
+    trials = {name: groups.get(name).plan(models, profile, device, uri, catalogue) for name in args.groups}
     sweep = getattr(args, "sweep_file", None)
     if sweep is not None and sweep.stacks and "stacks" in trials:
         trials["stacks"] = only_stacks(trials["stacks"], sweep.stacks, sweep.source)
@@ -316,8 +318,8 @@ def print_plan(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]]) 
 
 
 def _model_names(configs: list[TrialConfig], source: str) -> set[str]:
-    return {get_model(name).location for c in configs
-            for name in (c.model, c.stack.draft_model) if name and get_model(name).source == source}
+    entries = {c.entry(name) for c in configs for name in (c.model, c.stack.draft_model) if name}
+    return {entry.location for entry in entries if entry.source == source}
 
 
 def models_ready(configs: list[TrialConfig]) -> bool:
@@ -353,7 +355,6 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
     log.info("running %d trials, %d at a time, each with %s", len(configs), workers, resources)
     param_space = {"trial": tune.grid_search([c.to_dict() for c in configs]),
                    "tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
-                   "models": args.sweep_file.entry_dicts() if getattr(args, "sweep_file", None) else [],
                    "profile": chosen_profile(args, device).name,
                    "memory_budget_bytes": args.memory_budget}
     tuner = tune.Tuner(

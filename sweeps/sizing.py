@@ -15,7 +15,7 @@ from pathlib import Path
 from sweeps import schema
 from trials.config import KV_BACKEND_BITS, PRECISIONS, Workload
 from trials.prompts import PROMPT_SETS
-from trials.registry import get_model
+from trials.registry import ModelEntry
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 WORKLOAD_FIELDS = {
@@ -106,11 +106,11 @@ class Profile:
     def workload(self, prompt_set: str | None = None) -> Workload:
         return Workload(prompt_set or self.settings_["prompt_set"], self.prompts_per_type, self.max_new_tokens)
 
-    def reduced_for(self, model: str, device: str) -> bool:
+    def reduced_for(self, model: ModelEntry, device: str) -> bool:
         """Whether ``model`` gets the smaller ``real_models_on_cpu`` workload here."""
         return device == "cpu" and "real_models_on_cpu" in self.settings_ and is_real(model)
 
-    def settings(self, group: str, model: str | None = None, device: str = "cpu") -> dict:
+    def settings(self, group: str, model: ModelEntry | None = None, device: str = "cpu") -> dict:
         """``group``'s settings for ``model``: the profile's workload, its group section, and for a real
         model on a CPU the ``real_models_on_cpu`` workload and section, each over the one before."""
         layers = [self.settings_, self.settings_.get(group, {})]
@@ -134,6 +134,6 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def is_real(model: str) -> bool:
+def is_real(model: ModelEntry) -> bool:
     """A real pretrained model (not the project's own zoo)."""
-    return get_model(model).source != "zoo"
+    return model.source != "zoo"

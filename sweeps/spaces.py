@@ -1,7 +1,9 @@
 """Which trials exist: one search space per chart group (each group's declaration in
 ``trials.groups`` names its function here).
 
-A search space is a function ``(models, profile, device) -> list[TrialConfig]``. Spaces are explicit
+A search space is a function ``(models, profile, device, catalogue) -> list[TrialConfig]``: the
+catalogue (``trials.registry.Catalogue``) resolves the names, a sweep file's own models too, and each
+config carries the declared entries it uses. Spaces are explicit
 lists rather than Ray Tune samplers: every chart needs a specific grid, the plan can be printed
 before anything runs (``--dry-run``), and each config's hash can be checked against the store so
 that finished work is skipped. ``run_order`` is breadth-first: every chart group's smallest model
@@ -25,7 +27,7 @@ from trials import pypi_models, zoo
 from trials.config import Stack, TrialConfig, Workload
 from trials.errors import ConfigError
 from trials.kv_footprint import kv_footprint
-from trials.registry import get_model, max_positions, zoo_targets
+from trials.registry import BUILT_IN, Catalogue, ModelEntry, max_positions, zoo_targets
 
 
 log = logging.getLogger(__name__)
@@ -46,22 +48,30 @@ def _workload(settings: dict, **extra) -> Workload:
     return Workload(settings["prompt_set"], settings["prompts_per_type"], settings["max_new_tokens"], **extra)
 
 
-def _targets(models: list[str]) -> list[str]:
-    return [model for model in models if get_model(model).role == "target"]
+def _targets(models: list[str], catalogue: Catalogue) -> list[ModelEntry]:
+    return [entry for entry in map(catalogue.get, models) if entry.role == "target"]
 
 
-def baseline(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+def _config(catalogue: Catalogue, group: str, entry: ModelEntry, stack: Stack, **fields) -> TrialConfig:
+    """A trial of ``entry`` under ``stack``, carrying the declared entries it names."""
+    return TrialConfig(group=group, model=entry.name, stack=stack,
+                       declared=catalogue.declared_for(entry.name, stack.draft_model), **fields)
+
+
+def baseline(models: list[str], profile: Profile, device: str,
+             catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
     """Each target at the profile's precisions, batch 1: the reference every other group compares to."""
     configs = []
-    for model in _targets(models):
-        settings = profile.settings("baseline", model, device)
-        configs += [TrialConfig(group="baseline", model=model, device=device, stack=Stack(precision=precision),
-                                workload=_workload(settings), repeats=settings["repeats"])
+    for entry in _targets(models, catalogue):
+        settings = profile.settings("baseline", entry, device)
+        configs += [_config(catalogue, "baseline", entry, Stack(precision=precision), device=device,
+                            workload=_workload(settings), repeats=settings["repeats"])
                     for precision in _planned_precisions(settings["precisions"], device)]
     return configs
 
 
-def quantization(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+def quantization(models: list[str], profile: Profile, device: str,
+                 catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
     """Each target at every weight precision of the profile, reference precision first.
 
     GPTQ is planned wherever the profile lists it: without its optional extra those trials fail at
@@ -69,24 +79,24 @@ def quantization(models: list[str], profile: Profile, device: str) -> list[Trial
     worker and model) runs the reference precision.
     """
     configs = []
-    for model in _targets(models):
-        settings = profile.settings("quantization", model, device)
+    for entry in _targets(models, catalogue):
+        settings = profile.settings("quantization", entry, device)
         workload = _workload(settings, eval_windows=settings.get("eval_windows", 0))
-        configs += [TrialConfig(group="quantization", model=model, device=device, stack=Stack(precision=precision),
-                                workload=workload, repeats=settings["repeats"])
+        configs += [_config(catalogue, "quantization", entry, Stack(precision=precision), device=device,
+                            workload=workload, repeats=settings["repeats"])
                     for precision in _planned_precisions(settings["precisions"], device)]
     return configs
 
 
-def batching(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+def batching(models: list[str], profile: Profile, device: str,
+             catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
     """Each target's batch ladder, smallest first (an OOM on CUDA ends the ladder), at fp32 so that
     batched greedy outputs can be required to equal batch 1's; only the batch size changes."""
     configs = []
-    for model in _targets(models):
-        settings = profile.settings("batching", model, device)
-        configs += [TrialConfig(group="batching", model=model, device=device,
-                                stack=Stack(precision="fp32", batch_size=size),
-                                workload=_workload(settings), repeats=settings["repeats"])
+    for entry in _targets(models, catalogue):
+        settings = profile.settings("batching", entry, device)
+        configs += [_config(catalogue, "batching", entry, Stack(precision="fp32", batch_size=size),
+                            device=device, workload=_workload(settings), repeats=settings["repeats"])
                     for size in sorted(settings["batch_sizes"])]
     return configs
 
@@ -107,28 +117,30 @@ def kv_weight_precision(device: str) -> str:
     return fast_precision(device)
 
 
-def kv_cache(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+def kv_cache(models: list[str], profile: Profile, device: str,
+             catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
     """Each target's cache at the profile's precisions over its contexts (those that fit the model's
     positions; the others are left out, said in the log), in ``kv_weight_precision`` weights."""
     precision = kv_weight_precision(device)
     configs = []
-    for model in _targets(models):
-        settings = profile.settings("kv_cache", model, device)
-        limit = max_positions(model)
+    for entry in _targets(models, catalogue):
+        settings = profile.settings("kv_cache", entry, device)
+        limit = max_positions(entry)
         for context in settings["contexts"]:
             if limit is not None and context + settings["max_new_tokens"] > limit:
                 log.warning("kv_cache: %s: context %d + %d new tokens is past its %d positions: left out",
-                         model, context, settings["max_new_tokens"], limit)
+                            entry.name, context, settings["max_new_tokens"], limit)
                 continue
             workload = _workload(settings, context_tokens=context)
-            configs += [TrialConfig(group="kv_cache", model=model, device=device,
-                                    stack=Stack(precision=precision, kv_bits=bits, kv_backend=backend),
-                                    workload=workload, repeats=settings["repeats"])
+            configs += [_config(catalogue, "kv_cache", entry,
+                                Stack(precision=precision, kv_bits=bits, kv_backend=backend),
+                                device=device, workload=workload, repeats=settings["repeats"])
                         for bits, backend in kv_caches(settings)]
     return configs
 
 
-def speculative(models: list[str], profile: Profile, device: str) -> list[TrialConfig]:
+def speculative(models: list[str], profile: Profile, device: str,
+                catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
     """Each target with its registry draft at every k, then prompt lookup; batch 1, greedy.
 
     Each trial also measures (once per worker and model) the no-speculation baseline of the same
@@ -137,17 +149,16 @@ def speculative(models: list[str], profile: Profile, device: str) -> list[TrialC
     """
     precision = "fp32" if device == "cpu" else "bf16"
     configs = []
-    for model in _targets(models):
-        entry = get_model(model)
-        settings = profile.settings("speculative", model, device)
+    for entry in _targets(models, catalogue):
+        settings = profile.settings("speculative", entry, device)
         if entry.default_draft is None:
-            log.info("speculative: %s has no draft model in the registry: prompt lookup only", model)
+            log.info("speculative: %s has no draft model in the registry: prompt lookup only", entry.name)
         stacks = [Stack(precision=precision, speculation="draft", draft_model=entry.default_draft,
                         num_draft_tokens=k) for k in settings["draft_k"] if entry.default_draft]
         stacks += [Stack(precision=precision, speculation="prompt_lookup", num_draft_tokens=k)
                    for k in settings["lookup_k"]]
-        configs += [TrialConfig(group="speculative", model=model, device=device, stack=stack,
-                                workload=_workload(settings), repeats=settings["repeats"]) for stack in stacks]
+        configs += [_config(catalogue, "speculative", entry, stack, device=device,
+                            workload=_workload(settings), repeats=settings["repeats"]) for stack in stacks]
     return configs
 
 
@@ -163,11 +174,11 @@ def speculative(models: list[str], profile: Profile, device: str) -> list[TrialC
 # and cache.
 
 
-def _kv_group_size(model: str) -> int:
+def _kv_group_size(model: ModelEntry) -> int:
     """64 (transformers' default), or the largest power of two below it that divides a token's K/V
     row (kv_heads x head_dim) where the config is on disk: the quantized cache needs whole groups."""
     try:
-        row = kv_footprint(model).groups[0].elements_per_token // 2
+        row = kv_footprint(model.path()).groups[0].elements_per_token // 2
     except Exception:                # a hub model not on disk: the default, checked when it loads
         return 64
     return next((size for size in (64, 32, 16, 8) if row % size == 0), 64)
@@ -191,7 +202,8 @@ def best_draft_k(model: str, draft: str, uri: str | None, default: int) -> tuple
     return default, "the profile's stacks.draft_k: no speculative runs of this target and draft in the store"
 
 
-def stacks(models: list[str], profile: Profile, device: str, uri: str | None = None) -> list[TrialConfig]:
+def stacks(models: list[str], profile: Profile, device: str, uri: str | None = None,
+           catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
     """The factorial core of the stacks group (``trials.factorial`` estimates the effects from it).
     Speculation uses the target's draft at its best k from the speculative group in ``uri`` where
     there is one (run ``--groups speculative,stacks`` to get it), else the profile's
@@ -200,9 +212,9 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
 
     base = fast_precision(device)
     configs = []
-    for model in _targets(models):
-        entry = get_model(model)
-        settings = profile.settings("stacks", model, device)
+    for entry in _targets(models, catalogue):
+        model = entry.name
+        settings = profile.settings("stacks", entry, device)
         workload, repeats = _workload(settings), settings["repeats"]
         if entry.default_draft:
             k, why = best_draft_k(model, entry.default_draft, uri, settings["draft_k"])
@@ -211,7 +223,7 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
         else:
             spec = dict(speculation="prompt_lookup", num_draft_tokens=settings["draft_k"])
         bits, backend = parse_cache(settings["kv_cache"])
-        kv4 = dict(kv_bits=bits, kv_backend=backend, kv_group_size=_kv_group_size(model))
+        kv4 = dict(kv_bits=bits, kv_backend=backend, kv_group_size=_kv_group_size(entry))
         refused: dict[str, list[str]] = {}
         cells = list(itertools.product((False, True), repeat=4))
         if not settings["compile_interactions"]:   # compiled decoding joins the base stack only:
@@ -221,8 +233,8 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
                 stack = Stack(precision="nf4" if weights else base, compile=compile_,
                               **(kv4 if kv else {}),
                               **(spec if speculation else {}))
-                configs.append(TrialConfig(group="stacks", model=model, device=device, stack=stack,
-                                           workload=workload, repeats=repeats))
+                configs.append(_config(catalogue, "stacks", entry, stack, device=device,
+                                       workload=workload, repeats=repeats))
             except ConfigError as exc:          # a combination that cannot run: say which and why
                 parts = ["nf4"] * weights + ["kv4"] * kv + ["spec"] * speculation + ["compile"] * compile_
                 refused.setdefault(str(exc), []).append("+".join(parts))
@@ -232,15 +244,14 @@ def stacks(models: list[str], profile: Profile, device: str, uri: str | None = N
         # the smallest weights and cache (speculation and compile stay at batch 1 here)
         for extra in (Stack(precision=base, batch_size=settings["batch_size"]),
                       Stack(precision="nf4", batch_size=settings["batch_size"], **kv4)):
-            configs.append(TrialConfig(group="stacks", model=model, device=device, stack=extra,
-                                       workload=workload, repeats=repeats))
+            configs.append(_config(catalogue, "stacks", entry, extra, device=device,
+                                   workload=workload, repeats=repeats))
     return configs
 
 
-def _parameters(model: str) -> int:
+def _parameters(entry: ModelEntry) -> int:
     """Parameter count from the zoo's or the converted real model's card; 0 where unknown without
     loading (hub models, local folders)."""
-    entry = get_model(model)
     try:
         if entry.source == "zoo":
             return int(zoo.load_card(entry.location)["parameters"])
@@ -256,7 +267,7 @@ def run_order(configs: list[TrialConfig]) -> list[TrialConfig]:
     chart group has data for one model early and the dashboard is worth opening while the sweep runs.
     A (group, model) block keeps its space's order (reference stacks first) and a round's trials share
     one model, so a worker's cached model serves consecutive trials."""
-    sizes = {model: _parameters(model) for model in {c.model for c in configs}}
+    sizes = {c.model: _parameters(c.entry()) for c in configs}
     group_order = {g: i for i, g in enumerate(dict.fromkeys(c.group for c in configs))}
     ranks: dict[tuple[str, str], int] = {}
     for group in group_order:

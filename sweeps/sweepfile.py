@@ -27,7 +27,7 @@ column and key (``sweeps.schema``).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sweeps import schema
@@ -35,7 +35,7 @@ from sweeps.sizing import PROFILE_DIR, Profile, builtin_profile_names, profile_f
 from trials import groups
 from trials.config import PRECISIONS
 from trials.errors import ConfigError
-from trials.registry import ModelEntry, all_models, check_local_folder, register
+from trials.registry import Catalogue, ModelEntry, all_models, check_local_folder
 
 
 class Draft(schema.Type):
@@ -97,13 +97,9 @@ class Sweep:
     stacks: list[str] | None = None
     entries: list[ModelEntry] = field(default_factory=list)   # the models this file declares
 
-    def entry_dicts(self) -> list[dict]:
-        """What a worker needs to know the file's models (``trials.registry.register``)."""
-        return [asdict(entry) for entry in self.entries]
-
 
 def load_sweep(path: str | Path, builtin: bool = False) -> Sweep:
-    """Read and check a sweep file; register the models it declares. One-line ``ConfigError`` on any
+    """Read and check a sweep file (its own models become ``entries``). One-line ``ConfigError`` on any
     problem, before anything starts."""
     data, root, source = schema.read(path)
     if data is None:
@@ -170,8 +166,7 @@ def _models(items: list, root, source: str) -> tuple[list[str], list[ModelEntry]
                            trust_remote_code=item["trust_remote_code"], tokenizer=item.get("tokenizer"))
         entries.append(entry)
         names.append(entry.name)
-    for entry in entries:
-        register(entry)
+    Catalogue(tuple(entries))           # one name, one model: the file cannot declare a name twice
     return names, entries
 
 

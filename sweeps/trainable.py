@@ -19,7 +19,6 @@ from ray import tune
 import tracking
 from trials.config import Runtime, TrialConfig
 from trials.loop import failed_result
-from trials.registry import register_dicts
 from trials.run import run_trial
 
 
@@ -47,7 +46,6 @@ def record_attempt() -> int:
 
 def run_in_worker(params: dict) -> None:
     logging.basicConfig(level=logging.WARNING)
-    register_dicts(params.get("models", []))        # a sweep file's own models
     config = TrialConfig.from_dict(params["trial"])
     attempt = record_attempt()
     if attempt > 1:   # the attempts before this one died without a word: say so in the store

@@ -321,7 +321,7 @@ def odd_store(tmp_path_factory, tiny_zoo) -> str:
     trial.json is not JSON."""
     import mlflow
 
-    from trials.registry import ModelEntry, register
+    from trials.registry import ModelEntry
     from trials.run import run_trial
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('odd-store') / 'mlflow.db'}"
@@ -329,12 +329,13 @@ def odd_store(tmp_path_factory, tiny_zoo) -> str:
     real = run_trial(TrialConfig(group="baseline", model="tiny-gqa", stack=Stack(precision="fp32"),
                                  workload=Workload("mixed", 1, 8), repeats=2))
     tracking.log_trial(uri, real)
-    register(ModelEntry(HTML_NAME, "hub", "org/html", "target"))
+    html = ModelEntry(HTML_NAME, "hub", "org/html", "target")
     odd = {"tiny-mha": {}, "tiny-draft": {**real.metrics, "tok_per_s": float("nan")},
            "zoo-gqa": {**real.metrics, "tok_per_s": float("inf")}, HTML_NAME: dict(real.metrics)}
     for model, metrics in odd.items():
         config = TrialConfig(group="baseline", model=model, stack=Stack(precision="fp32"),
-                             workload=Workload("mixed", 1, 8), repeats=2)
+                             workload=Workload("mixed", 1, 8), repeats=2,
+                             declared=(html,) if model == HTML_NAME else ())
         tracking.log_trial(uri, TrialResult(config, "FINISHED", metrics=metrics, tags=dict(real.tags)))
     corrupt = tracking.runs_frame(uri, "baseline").query("model == 'zoo-gqa'")["run_id"].iloc[0]
     mlflow.set_tracking_uri(uri)

@@ -9,6 +9,7 @@ from sweeps import budget
 from sweeps.spaces import PROFILES
 from trials import groups
 from trials.hardware import cpu_profile, precision_is_native
+from trials.registry import get_model
 
 MODELS = ["tiny-mha", "tiny-gqa"]
 
@@ -22,7 +23,7 @@ def _costs(configs, decode_s=0.01, emulated_factor=20.0):
     costs = {}
     for model, precision in budget.pairs_needed(configs):
         factor = 1.0 if precision_is_native(precision, "cpu") else emulated_factor
-        costs[(model, precision)] = budget.StepCost(decode_s * factor, decode_s * factor / 20, 0.5)
+        costs[(model.name, precision)] = budget.StepCost(decode_s * factor, decode_s * factor / 20, 0.5)
     return costs
 
 
@@ -95,16 +96,16 @@ def test_quantization_trials_shrink_their_perplexity_windows_too():
 
     config = next(c for c in _plan() if c.group == "quantization")
     shrunk = budget.shrink(config, 3)
-    default = perplexity_method(config.model).windows
+    default = perplexity_method(config.entry()).windows
     assert 0 < shrunk.workload.eval_windows < default
-    assert perplexity_method(config.model, shrunk.workload.eval_windows).windows == shrunk.workload.eval_windows
+    assert perplexity_method(config.entry(), shrunk.workload.eval_windows).windows == shrunk.workload.eval_windows
 
 
 def test_calibration_measures_real_models_and_caches_per_machine(tiny_zoo, tmp_path, monkeypatch):
     monkeypatch.setenv(budget.CACHE_ENV_VAR, str(tmp_path / "calibration.json"))
-    pairs = {("tiny-gqa", "fp32"), ("tiny-draft", "fp32")}
+    pairs = {(get_model("tiny-gqa"), "fp32"), (get_model("tiny-draft"), "fp32")}
     first = budget.calibrate(pairs, "cpu", threads=1)
-    assert set(first) == pairs
+    assert set(first) == {("tiny-gqa", "fp32"), ("tiny-draft", "fp32")}
     for cost in first.values():
         assert cost.decode_s > 0 and cost.prefill_token_s > 0 and cost.load_s >= 0
     stored = json.loads((tmp_path / "calibration.json").read_text())["entries"]

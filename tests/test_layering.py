@@ -119,3 +119,21 @@ def test_no_script_folder_module_shadows_another():
             continue
         assert name not in sys.stdlib_module_names, f"sweeps/{path.name} shadows the standard library's {name}"
         assert importlib.util.find_spec(name) is None, f"sweeps/{path.name} shadows the installed module {name}"
+
+
+def test_every_console_command_is_installed_and_answers_help(capsys):
+    """Each ``[project.scripts]`` command is installed (its entry point names the same function) and
+    its ``--help`` exits 0 with a usage line."""
+    import tomllib
+    from importlib.metadata import entry_points
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    installed = {e.name: e for e in entry_points(group="console_scripts")}
+    assert len(declared) >= 8
+    for name, target in declared.items():
+        assert name in installed and installed[name].value == target, \
+            f"{name} is not installed as {target}: run make setup (pip install -e .)"
+        with pytest.raises(SystemExit) as exit_:
+            installed[name].load()(["--help"])
+        assert exit_.value.code == 0, name
+        assert "usage:" in capsys.readouterr().out, name

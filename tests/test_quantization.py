@@ -24,7 +24,7 @@ import torch
 from trials import models, quantized_weights, zoo
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.perplexity import heldout_windows, perplexity, split_windows
-from trials.registry import perplexity_method
+from trials.registry import get_model, perplexity_method
 from trials.run import run_trial
 from trials.worker import WORKER
 
@@ -153,7 +153,7 @@ def test_int8_and_nf4_load_and_generate(tiny_zoo):
 
 def test_perplexity_is_deterministic_on_the_zoo_heldout_split(tiny_zoo):
     loaded = models.load("tiny-gqa", "fp32", "cpu")
-    method = perplexity_method("tiny-gqa")
+    method = perplexity_method(get_model("tiny-gqa"))
     first, second = _ppl(loaded, method), _ppl(loaded, method)
     assert first.perplexity == second.perplexity and first.tokens == second.tokens
     # every scored token counted once: the first window scores context-1 tokens, later ones `stride`
@@ -176,7 +176,7 @@ def test_perplexity_reproduces_the_zoo_cards_with_the_zoos_windows(tiny_zoo):
     code gives the perplexity in the model card: the masking and the held-out split are the zoo's."""
     import dataclasses
 
-    method = perplexity_method("tiny-mha")
+    method = perplexity_method(get_model("tiny-mha"))
     zoo_windows = dataclasses.replace(method, stride=method.context, windows=zoo.SETS["tiny"].eval_windows)
     got = _ppl(models.load("tiny-mha", "fp32", "cpu"), zoo_windows)
     card = zoo.load_card("tiny-mha")

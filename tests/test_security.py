@@ -111,9 +111,11 @@ def test_a_sweep_file_trusts_remote_code_only_where_it_says_so(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("models:\n  - {name: trusted-x, hub: org/x, draft: none, trust_remote_code: true}\n"
                     "  - {name: untrusted-y, hub: org/y, draft: none, trust_remote_code: false}\n")
-    load_sweep(path)
-    assert get_model("trusted-x").trust_remote_code is True
-    assert get_model("untrusted-y").trust_remote_code is False
+    declared = load_sweep(path).entries
+    assert get_model("trusted-x", declared).trust_remote_code is True
+    assert get_model("untrusted-y", declared).trust_remote_code is False
+    with pytest.raises(ConfigError, match="unknown model 'trusted-x'"):
+        get_model("trusted-x")           # a file's models live in its sweep, not in the process
     path.write_text("models:\n  - {name: unstated-z, hub: org/z, draft: none}\n")
     with pytest.raises(ConfigError, match="missing key 'trust_remote_code'"):
         load_sweep(path)

@@ -18,6 +18,7 @@ from sweeps.spaces import PROFILES, speculative
 from trials import models
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.loop import failed_result
+from trials.registry import get_model
 from trials.run import run_trial
 from trials.theory import expected_tokens_per_pass, leviathan
 
@@ -136,7 +137,7 @@ def test_a_target_without_a_draft_gets_prompt_lookup_only(tiny_zoo):
 def test_space_plans_every_k_and_prompt_lookup_for_targets_only():
     for profile in ("quick", "full"):
         configs = speculative(["tiny-mha", "tiny-draft"], PROFILES[profile], "cpu")
-        sizing = PROFILES[profile].settings("speculative", "tiny-mha", "cpu")
+        sizing = PROFILES[profile].settings("speculative", get_model("tiny-mha"), "cpu")
         assert {c.model for c in configs} == {"tiny-mha"}
         assert [c.stack.num_draft_tokens for c in configs if c.stack.speculation == "draft"] == list(sizing["draft_k"])
         assert [c.stack.num_draft_tokens for c in configs if c.stack.speculation == "prompt_lookup"] \

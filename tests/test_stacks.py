@@ -22,9 +22,10 @@ from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
 from trials.hardware import fast_precision
 from trials.kv_footprint import kv_footprint
+from trials.registry import get_model
 from trials.run import run_trial
 
-STACKS = PROFILES["quick"].settings("stacks", "tiny-gqa", "cpu")   # the quick profile's stacks settings
+STACKS = PROFILES["quick"].settings("stacks", get_model("tiny-gqa"), "cpu")   # the quick profile's stacks settings
 FACTORS = ("weights", "kv", "spec", "compile")
 SYNTHETIC = FACTORS[:3]
 TRUE = {"weights": 0.30, "kv": -0.10, "spec": 0.0, "weights x kv": 0.20, "weights x spec": 0.0,

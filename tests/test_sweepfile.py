@@ -16,7 +16,7 @@ from sweeps.sizing import GROUP_FIELDS, WORKLOAD_FIELDS
 from sweeps.spaces import PROFILES
 from sweeps.sweepfile import load_sweep
 from trials import groups, zoo
-from trials.registry import get_model
+from trials.registry import Catalogue, get_model
 
 EXAMPLE = ROOT / "sweeps" / "examples" / "my-sweep.yaml"
 
@@ -59,7 +59,7 @@ def test_a_relative_model_path_is_relative_to_the_file(tiny_zoo, tmp_path):
     path.write_text("models:\n  - name: my-tiny-rel\n    path: models/my-tiny\n    draft: tiny-draft\n"
                     "    trust_remote_code: false\n")
     sweep = load_sweep(path)
-    entry = get_model("my-tiny-rel")
+    entry = get_model("my-tiny-rel", sweep.entries)
     assert sweep.models == ["my-tiny-rel"] and entry.source == "local"
     assert entry.location == str(folder.resolve()) and entry.default_draft == "tiny-draft"
     assert entry.trust_remote_code is False
@@ -70,8 +70,10 @@ def test_the_readme_example_is_the_file_and_plans_offline(tiny_zoo):
     block = re.search(r"```yaml\n(# A sweep of your own.*?)```", readme, re.S)
     assert block and block.group(1) == EXAMPLE.read_text(), "README and sweeps/examples/my-sweep.yaml differ"
     sweep = load_sweep(EXAMPLE)
-    assert get_model("tinyllama-1.1b-chat").source == "hub"
-    planned = {name: groups.get(name).plan(sweep.models, sweep.profile, "cpu") for name in sweep.groups}
+    catalogue = Catalogue(tuple(sweep.entries))
+    assert catalogue.get("tinyllama-1.1b-chat").source == "hub"
+    planned = {name: groups.get(name).plan(sweep.models, sweep.profile, "cpu", catalogue=catalogue)
+               for name in sweep.groups}
     assert {c.model for cs in planned.values() for c in cs} == set(sweep.models)
     from sweeps.full import only_stacks
 

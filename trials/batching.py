@@ -249,7 +249,7 @@ def decode_bytes_per_step(loaded: models.LoadedModel, batch: int, prompt_tokens:
 # ------------------------------------------------------------------------------ batch-1 reference
 
 def _reference_key(config: TrialConfig, prompts: list[Prompt]) -> tuple:
-    return (config.model, config.stack.precision, config.device, config.workload.max_new_tokens,
+    return (config.entry(), config.stack.precision, config.device, config.workload.max_new_tokens,
             tuple((p.id, p.text) for p in prompts))
 
 
@@ -265,7 +265,7 @@ def batch1_outputs(config: TrialConfig, loaded: models.LoadedModel,
 # ------------------------------------------------------------------------------ the ladder's end
 
 def _ladder_key(config: TrialConfig) -> tuple:
-    return (config.model, config.stack.precision, config.device, config.workload)
+    return (config.entry(), config.stack.precision, config.device, config.workload)
 
 
 def _device_memory_bytes(device: str) -> int | None:
@@ -350,7 +350,7 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """One rung of a model's batch ladder: fixed-length prompts, B rows per step, checked against
     batch 1, with its predicted peak, its memory boundary and its roofline."""
     batch, new_tokens = config.stack.batch_size, config.workload.max_new_tokens
-    loaded = models.load(config.model, config.stack.precision, config.device)
+    loaded = models.load(config.entry(), config.stack.precision, config.device)
     prompts, prompt_tokens = equal_length_prompts(trial_prompts(config, loaded), loaded.tokenizer)
     rows = batch_rows(prompts, batch)
     predicted = predict_peak(loaded, batch, prompt_tokens, new_tokens)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields
 from trials import groups
 from trials.errors import ConfigError
 from trials.prompts import PROMPT_SETS
-from trials.registry import get_model, max_positions
+from trials.registry import ModelEntry, entry_from_dict, get_model, max_positions
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
 QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")   # loaded through a transformers quantizer (trials.quantized_weights)
@@ -144,10 +144,15 @@ class TrialConfig:
     repeats: int = 3
     seed: int = 0
     device: str = "cpu"
+    # The entries of the models this config names that are not built in (a sweep file's own): the
+    # config carries them, so any process rebuilds it from its dict (the store, a worker, the page).
+    declared: tuple[ModelEntry, ...] = ()
 
     def __post_init__(self) -> None:
         group = groups.get(self.group)     # raises ConfigError naming the valid groups
-        get_model(self.model)  # raises ConfigError naming the valid models
+        _check(isinstance(self.declared, tuple) and all(isinstance(e, ModelEntry) for e in self.declared),
+               "declared must be a tuple of ModelEntry")
+        entry = self.entry()               # raises ConfigError naming the valid models
         _check(self.device in DEVICES,
                f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
         _check(isinstance(self.repeats, int) and self.repeats >= 1,
@@ -156,13 +161,17 @@ class TrialConfig:
         group.check(self.stack)            # the group's stack guard (trials.groups)
         self.workload.validate()
         if self.workload.context_tokens:
-            limit = max_positions(self.model)
+            limit = max_positions(entry)
             _check(limit is None or self.workload.context_tokens + self.workload.max_new_tokens <= limit,
                    f"context_tokens {self.workload.context_tokens} + max_new_tokens "
                    f"{self.workload.max_new_tokens} is longer than {self.model}'s {limit} positions")
         if self.stack.draft_model is not None:
-            get_model(self.stack.draft_model)     # a draft of another tokenizer family drafts across
+            self.entry(self.stack.draft_model)    # a draft of another tokenizer family drafts across
             # tokenizers (transformers' universal assisted generation; trials.speculative)
+
+    def entry(self, name: str | None = None) -> ModelEntry:
+        """The registry entry of ``name`` (default: the target), declared or built in."""
+        return get_model(name or self.model, self.declared)
 
     @property
     def config_hash(self) -> str:
@@ -174,6 +183,8 @@ class TrialConfig:
         data = self.to_dict()
         for name, default in (("stack", Stack()), ("workload", Workload())):
             data[name] = {k: v for k, v in data[name].items() if v != getattr(default, k)}
+        if not data["declared"]:           # built-in models: the hash they always had
+            del data["declared"]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -187,7 +198,10 @@ class TrialConfig:
                "stack and workload must be mappings")
         stack = _build(Stack, data.pop("stack", {}))
         workload = _build(Workload, data.pop("workload", {}))
-        return _build(cls, data, stack=stack, workload=workload)
+        declared = data.pop("declared", ()) or ()
+        _check(isinstance(declared, (list, tuple)), "declared must be a list of model entries")
+        return _build(cls, data, stack=stack, workload=workload,
+                      declared=tuple(entry_from_dict(e) for e in declared))
 
     def flat_params(self) -> dict[str, str]:
         """The config as flat key -> string, the shape MLflow params and table columns want."""
@@ -195,6 +209,8 @@ class TrialConfig:
                 "seed": self.seed, "device": self.device, "stack": self.stack.label}
         flat.update(asdict(self.stack))
         flat.update(asdict(self.workload))
+        if self.declared:                  # what rebuilds the config in another process
+            flat["declared_models"] = json.dumps([asdict(e) for e in self.declared], sort_keys=True)
         return {k: "" if v is None else str(v) for k, v in flat.items()}
 
 

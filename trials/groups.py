@@ -85,10 +85,15 @@ class Group:
             raise ConfigError(f"group {self.name!r} has no trials yet; implemented: {', '.join(implemented())}")
         return resolve(self.runner)(config, runtime)
 
-    def plan(self, models: list[str], profile, device: str, uri: str | None = None) -> list:
+    def plan(self, models: list[str], profile, device: str, uri: str | None = None,
+             catalogue=None) -> list:
+        """The group's trials of ``models`` (names the ``catalogue`` resolves: the built-in models
+        and a sweep file's own, ``trials.registry.Catalogue``)."""
         if self.space is None:
             raise ConfigError(f"group {self.name!r} has no trials yet; implemented: {', '.join(implemented())}")
         extra = {"uri": uri} if self.space_reads_store else {}
+        if catalogue is not None:
+            extra["catalogue"] = catalogue
         return resolve(self.space)(models, profile, device, **extra)
 
 

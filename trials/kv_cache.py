@@ -301,9 +301,7 @@ class Reference:
 
 
 def _reference_config(config: TrialConfig) -> TrialConfig:
-    return TrialConfig(group=config.group, model=config.model, device=config.device,
-                       stack=Stack(precision=config.stack.precision), workload=config.workload,
-                       repeats=config.repeats, seed=config.seed)
+    return replace(config, stack=Stack(precision=config.stack.precision))
 
 
 def teacher_forced(loaded: models.LoadedModel, stack: Stack, prompts: list[Prompt],
@@ -355,7 +353,7 @@ def byte_metrics(footprint: KVFootprint, config: TrialConfig, loaded: models.Loa
 def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """The stack's cache and the full-precision one on the same prompts: bytes, speed, fidelity."""
     stack = config.stack                 # no speculation: the group's guard
-    loaded = models.load(config.model, stack.precision, config.device)
+    loaded = models.load(config.entry(), stack.precision, config.device)
     footprint = check_model(config, loaded.model.config)
     prompts = trial_prompts(config, loaded)
     measured = measure(config, loaded, prompts, generate_kwargs=generate_kwargs(config, loaded))

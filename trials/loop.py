@@ -38,7 +38,6 @@ from trials.kv_footprint import KVFootprintError, kv_footprint
 from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
                             track_peak_memory)
 from trials.prompts import Prompt, as_chat, extend_to_tokens, workload_prompts
-from trials.registry import get_model
 
 WARMUP_TOKENS = 2
 
@@ -261,7 +260,7 @@ def _model_tags(config: TrialConfig) -> dict[str, str]:
     (bf16 on an AVX2-only CPU): they describe the CPU's emulation more than the optimization.
     ``model_source`` and ``weights_origin`` say where the model came from, e.g. that a real model's
     weights are 4-bit-derived (dequantized GGUF), wherever its numbers appear."""
-    entry = get_model(config.model)
+    entry = config.entry()
     tags = {"precision_native": str(precision_is_native(config.stack.precision, config.device)),
             "model_source": entry.source}
     if entry.weights_origin:
@@ -277,7 +276,7 @@ def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Promp
     prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
     if config.workload.context_tokens:
         return extend_to_tokens(prompts, loaded.tokenizer, config.workload.context_tokens)
-    if get_model(config.model).chat_template and getattr(loaded.tokenizer, "chat_template", None):
+    if config.entry().chat_template and getattr(loaded.tokenizer, "chat_template", None):
         return as_chat(prompts, loaded.tokenizer)
     return prompts
 

@@ -24,7 +24,7 @@ import torch
 from trials import pypi_models, quantized_weights, zoo
 from trials.errors import ConfigError
 from trials.hardware import DTYPES
-from trials.registry import get_model
+from trials.registry import ModelEntry, get_model
 from trials.worker import WORKER, model_cache_size
 
 log = logging.getLogger(__name__)
@@ -44,9 +44,11 @@ class LoadedModel:
     from_cache: bool = False
 
 
-def load(name: str, precision: str, device: str) -> LoadedModel:
-    """The model ``name`` in ``precision`` on ``device``, from this worker's cache when possible."""
-    key, cache = (name, precision, device), WORKER.models
+def load(model: ModelEntry | str, precision: str, device: str) -> LoadedModel:
+    """The model in ``precision`` on ``device``, from this worker's cache when possible. ``model`` is
+    its registry entry (``TrialConfig.entry()``), or a built-in model's name."""
+    entry = model if isinstance(model, ModelEntry) else get_model(model)
+    key, cache = (entry, precision, device), WORKER.models
     if key in cache:
         cache.move_to_end(key)
         return replace(cache[key], from_cache=True)
@@ -54,12 +56,12 @@ def load(name: str, precision: str, device: str) -> LoadedModel:
         cache.popitem(last=False)
         if device == "cuda":
             torch.cuda.empty_cache()
-    loaded = _load_uncached(name, precision, device)
+    loaded = _load_uncached(entry, precision, device)
     cache[key] = loaded
     return loaded
 
 
-def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
+def _load_uncached(entry: ModelEntry, precision: str, device: str) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -74,8 +76,7 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
         raise ConfigError("device 'cuda' requested but torch sees no CUDA device")
     if precision in QUANTIZED:
         quantized_weights.check_available(precision)
-    entry = get_model(name)
-    path = entry.path()
+    name, path = entry.name, entry.path()
     if entry.source == "zoo":
         if not zoo.is_built(entry.location):
             raise ConfigError(f"zoo model {name!r} is not built; run: python -m trials.zoo build")
@@ -87,7 +88,7 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if precision in QUANTIZED:
-        model = quantized_weights.load_quantized(name, precision, device, tokenizer)
+        model = quantized_weights.load_quantized(entry, precision, device, tokenizer)
     else:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[precision], trust_remote_code=entry.trust_remote_code
@@ -98,10 +99,10 @@ def _load_uncached(name: str, precision: str, device: str) -> LoadedModel:
     return LoadedModel(name, precision, device, model, tokenizer, load_s)
 
 
-def load_copy(name: str, precision: str, device: str) -> LoadedModel:
+def load_copy(entry: ModelEntry, precision: str, device: str) -> LoadedModel:
     """A second, independent instance of a model (kept apart from the LRU), e.g. a self-draft."""
-    key, copies = (name, precision, device), WORKER.copies
+    key, copies = (entry, precision, device), WORKER.copies
     if key not in copies:
         copies.clear()
-        copies[key] = _load_uncached(name, precision, device)
+        copies[key] = _load_uncached(entry, precision, device)
     return copies[key]

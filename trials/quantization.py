@@ -43,7 +43,7 @@ wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -95,16 +95,14 @@ def _reference(config: TrialConfig, prompts: list[Prompt], method: PerplexityMet
                this_trial: Reference | None = None) -> tuple[Reference, str]:
     """The reference precision's greedy outputs and perplexity in this worker (measured or reused);
     ``this_trial`` when the trial runs the reference precision itself (measured once, not twice)."""
-    precision = reference_precision(config.model, config.device)
-    plain = TrialConfig(group=config.group, model=config.model, device=config.device,
-                        stack=Stack(precision=precision, batch_size=config.stack.batch_size),
-                        workload=config.workload, repeats=1, seed=config.seed)
+    precision = reference_precision(config.entry(), config.device)
+    plain = replace(config, stack=Stack(precision=precision, batch_size=config.stack.batch_size), repeats=1)
     if this_trial is not None:
         return WORKER.memo("quantization.reference").put(plain.config_hash, config.config_hash, this_trial), \
             "this trial"
 
     def make() -> Reference:
-        loaded = models.load(config.model, precision, config.device)
+        loaded = models.load(config.entry(), precision, config.device)
         measured = measure(plain, loaded, prompts, generate_kwargs={})
         return Reference(precision, measured.outputs(), perplexity(loaded.model, loaded.tokenizer, method),
                          sum(p.numel() for p in loaded.model.parameters()))
@@ -122,17 +120,17 @@ def _hf_footprint(model: torch.nn.Module) -> dict[str, float]:
 def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """Speed, memory and perplexity of one precision, and its outputs against the reference's."""
     stack = config.stack
-    loaded = models.load(config.model, stack.precision, config.device)
+    loaded = models.load(config.entry(), stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     measured = measure(config, loaded, prompts, generate_kwargs={})   # weights only (group guard)
-    method = perplexity_method(config.model, config.workload.eval_windows)
+    method = perplexity_method(config.entry(), config.workload.eval_windows)
     quality = perplexity(loaded.model, loaded.tokenizer, method)
     this_trial = None
-    if stack.precision == reference_precision(config.model, config.device):
+    if stack.precision == reference_precision(config.entry(), config.device):
         this_trial = Reference(stack.precision, measured.outputs(), quality,
                                sum(p.numel() for p in loaded.model.parameters()))
     reference, source = _reference(config, prompts, method, this_trial)
-    dtype = compute_dtype(config.model, config.device)
+    dtype = compute_dtype(config.entry(), config.device)
     nominal, quantized = nominal_weight_bytes(loaded.model, stack.precision, reference.num_parameters, dtype)
     metrics = {
         "perplexity": quality.perplexity, "perplexity_tokens": float(quality.tokens),
@@ -151,7 +149,7 @@ def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
             "compute_dtype": str(dtype).removeprefix("torch."),
             "quantizer": QUANTIZERS.get(stack.precision, "none"),
             "perplexity_method": method.describe(), "perplexity_corpus_hash": quality.corpus_hash,
-            **WORKER.load_notes.get((config.model, stack.precision, config.device), {})}
+            **WORKER.load_notes.get((config.entry(), stack.precision, config.device), {})}
     result = finish(config, runtime, loaded, measured, metrics=metrics, tags=tags)
     result.metrics["bits_per_parameter"] = 8 * result.metrics["weights_bytes"] / reference.num_parameters
     result.raw["perplexity"] = {"method": method.describe(), "nll_sum": quality.nll_sum,

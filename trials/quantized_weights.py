@@ -38,7 +38,7 @@ from trials.corpus import SOURCES, Document, build_corpus
 from trials.errors import ConfigError
 from trials.hardware import DTYPES
 from trials.perplexity import split_windows, token_stream
-from trials.registry import get_model, perplexity_method, reference_precision
+from trials.registry import ModelEntry, perplexity_method, reference_precision
 from trials.worker import WORKER
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,8 @@ GPTQ_CARD = "llm_sweeps_gptq.json"
 
 # ------------------------------------------------------------------------------ precisions
 
-def compute_dtype(model: str, device: str) -> torch.dtype:
-    return DTYPES[reference_precision(model, device)]
+def compute_dtype(entry: ModelEntry, device: str) -> torch.dtype:
+    return DTYPES[reference_precision(entry, device)]
 
 
 def check_available(precision: str) -> None:
@@ -68,12 +68,12 @@ def check_available(precision: str) -> None:
         raise ConfigError(f"GPTQ needs the optional extra: {GPTQ_INSTALL}")
 
 
-def load_quantized(name: str, precision: str, device: str, tokenizer) -> torch.nn.Module:
-    """The model ``name`` with quantized linear weights (called by ``trials.models.load``)."""
+def load_quantized(entry: ModelEntry, precision: str, device: str, tokenizer) -> torch.nn.Module:
+    """The model ``entry`` with quantized linear weights (called by ``trials.models.load``)."""
     check_available(precision)
     if precision == "gptq":
-        return _load_gptq(name, device, tokenizer)
-    return _load_bnb(name, precision, device)
+        return _load_gptq(entry, device, tokenizer)
+    return _load_bnb(entry, precision, device)
 
 
 def bnb_config(precision: str, dtype: torch.dtype):
@@ -85,20 +85,19 @@ def bnb_config(precision: str, dtype: torch.dtype):
                               bnb_4bit_compute_dtype=dtype)
 
 
-def _load_bnb(name: str, precision: str, device: str) -> torch.nn.Module:
+def _load_bnb(entry: ModelEntry, precision: str, device: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     # LLM.int8 logs a warning on every matmul whose input is not fp16: on CPU that is every one,
     # and emitting it would be timed as decode.
     logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
-    entry = get_model(name)
-    dtype = compute_dtype(name, device)
+    dtype = compute_dtype(entry, device)
     model = AutoModelForCausalLM.from_pretrained(
         entry.path(), quantization_config=bnb_config(precision, dtype), dtype=dtype,
         device_map=device, trust_remote_code=entry.trust_remote_code)
     if precision == "nf4" and device == "cpu":
         unpackable, total = avoid_unpackable_cpu_layers(model)
-        WORKER.load_notes[(name, precision, device)] = {"nf4_cpu_kernel": (
+        WORKER.load_notes[(entry, precision, device)] = {"nf4_cpu_kernel": (
             f"{unpackable} of {total} layers use bitsandbytes' generic 4-bit path: their widths do "
             f"not fit its AVX512-BF16 repacking (in % {NF4_BLOCK}, out % {PACK_BLOCK_N})"
             if unpackable else f"all {total} layers may use bitsandbytes' AVX512-BF16 repacking")}
@@ -140,18 +139,17 @@ def gptq_group_size(model_config) -> int:
     return next((g for g in GPTQ_GROUP_SIZES if all(w % g == 0 for w in widths)), -1)
 
 
-def _model_identity(name: str) -> str:
+def _model_identity(entry: ModelEntry) -> str:
     """What the source weights are: the zoo recipe and corpus hashes, or the hub id / folder."""
-    entry = get_model(name)
     if entry.source == "zoo":
         card = zoo.load_card(entry.location)
         return f"zoo:{card['recipe_hash']}:{card['corpus_hash']}"
     return f"{entry.source}:{entry.location}"
 
 
-def calibration_samples(name: str, tokenizer) -> tuple[list[torch.Tensor], str]:
+def calibration_samples(entry: ModelEntry, tokenizer) -> tuple[list[torch.Tensor], str]:
     """GPTQ calibration windows (held-in text) and a one-line description of where they came from."""
-    method = perplexity_method(name)
+    method = perplexity_method(entry)
     path = os.environ.get(CALIBRATION_ENV)
     if path:
         try:
@@ -176,18 +174,18 @@ def calibration_samples(name: str, tokenizer) -> tuple[list[torch.Tensor], str]:
     return samples, f"{len(samples)} x {method.context} tokens from {where}"
 
 
-def _gptq_folder(name: str, group_size: int, samples: list[torch.Tensor]) -> pathlib.Path:
+def _gptq_folder(entry: ModelEntry, group_size: int, samples: list[torch.Tensor]) -> pathlib.Path:
     import gptqmodel
 
     digest = hashlib.sha256()
-    digest.update(json.dumps({"model": _model_identity(name), "bits": GPTQ_BITS, "group": group_size,
+    digest.update(json.dumps({"model": _model_identity(entry), "bits": GPTQ_BITS, "group": group_size,
                               "gptqmodel": gptqmodel.__version__}, sort_keys=True).encode())
     for sample in samples:
         digest.update(sample.to(torch.int64).numpy().tobytes())
-    return quantized_dir() / f"{name}-gptq-w{GPTQ_BITS}g{group_size}-{digest.hexdigest()[:12]}"
+    return quantized_dir() / f"{entry.name}-gptq-w{GPTQ_BITS}g{group_size}-{digest.hexdigest()[:12]}"
 
 
-def _quantize_gptq(name: str, device: str, tokenizer, group_size: int, samples: list[torch.Tensor],
+def _quantize_gptq(entry: ModelEntry, device: str, tokenizer, group_size: int, samples: list[torch.Tensor],
                    folder: pathlib.Path, calibration: str) -> float:
     """Quantize with GPTQModel and save into ``folder`` (atomically); returns the seconds it took."""
     from gptqmodel import GPTQModel, QuantizeConfig
@@ -195,8 +193,8 @@ def _quantize_gptq(name: str, device: str, tokenizer, group_size: int, samples: 
     started = time.perf_counter()
     qconfig = QuantizeConfig(bits=GPTQ_BITS, group_size=group_size, desc_act=False, sym=True,
                              device="cuda" if device == "cuda" else "cpu")
-    source = GPTQModel.load(get_model(name).path(), quantize_config=qconfig,
-                            **({"dtype": compute_dtype(name, device)} if device == "cpu" else {}))
+    source = GPTQModel.load(entry.path(), quantize_config=qconfig,
+                            **({"dtype": compute_dtype(entry, device)} if device == "cpu" else {}))
     source.quantize([{"input_ids": s.long(), "attention_mask": torch.ones(len(s), dtype=torch.long)}
                      for s in samples], batch_size=1, tokenizer=tokenizer)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +203,7 @@ def _quantize_gptq(name: str, device: str, tokenizer, group_size: int, samples: 
     source.save(str(tmp))
     seconds = time.perf_counter() - started
     (tmp / GPTQ_CARD).write_text(json.dumps({
-        "model": name, "identity": _model_identity(name), "bits": GPTQ_BITS, "group_size": group_size,
+        "model": entry.name, "identity": _model_identity(entry), "bits": GPTQ_BITS, "group_size": group_size,
         "calibration": calibration, "quantize_s": round(seconds, 2), "device": device}, indent=2) + "\n")
     if (folder / GPTQ_CARD).exists():          # another worker finished first: keep its copy
         shutil.rmtree(tmp, ignore_errors=True)
@@ -215,7 +213,7 @@ def _quantize_gptq(name: str, device: str, tokenizer, group_size: int, samples: 
     return seconds
 
 
-def _load_gptq(name: str, device: str, tokenizer) -> torch.nn.Module:
+def _load_gptq(entry: ModelEntry, device: str, tokenizer) -> torch.nn.Module:
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")   # its CPU loader pool needs two workers
     try:
         from gptqmodel import BACKEND, GPTQModel
@@ -224,21 +222,20 @@ def _load_gptq(name: str, device: str, tokenizer) -> torch.nn.Module:
                           f"({type(exc).__name__}: {exc}); {GPTQ_INSTALL}") from None
     from transformers import AutoConfig
 
-    entry = get_model(name)
     group_size = gptq_group_size(AutoConfig.from_pretrained(entry.path(),
                                                             trust_remote_code=entry.trust_remote_code))
-    samples, calibration = calibration_samples(name, tokenizer)
-    folder = _gptq_folder(name, group_size, samples)
+    samples, calibration = calibration_samples(entry, tokenizer)
+    folder = _gptq_folder(entry, group_size, samples)
     if (folder / GPTQ_CARD).exists():
         made = "loaded from the disk cache"
     else:
-        log.info("%s: GPTQ-quantizing (%s) into %s", name, calibration, folder)
-        seconds = _quantize_gptq(name, device, tokenizer, group_size, samples, folder, calibration)
+        log.info("%s: GPTQ-quantizing (%s) into %s", entry.name, calibration, folder)
+        seconds = _quantize_gptq(entry, device, tokenizer, group_size, samples, folder, calibration)
         made = f"quantized when this worker loaded it ({seconds:.1f} s)"
     backend = BACKEND.TORCH_FUSED if device == "cpu" else BACKEND.AUTO
     quantized = GPTQModel.load(str(folder), device=device, backend=backend,
-                               **({"dtype": compute_dtype(name, device)} if device == "cpu" else {}))
-    WORKER.load_notes[(name, "gptq", device)] = {
+                               **({"dtype": compute_dtype(entry, device)} if device == "cpu" else {}))
+    WORKER.load_notes[(entry, "gptq", device)] = {
         "gptq_cache": made, "gptq_folder": str(folder), "gptq_calibration": calibration,
         "gptq_group_size": str(group_size), "gptq_backend": str(backend.name)}
     return quantized.model

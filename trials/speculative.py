@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -72,8 +72,8 @@ def load_draft(config: TrialConfig, target: models.LoadedModel) -> models.Loaded
     separate copy, so that its passes as a draft are not counted as target passes.
     """
     if config.stack.draft_model == config.model:
-        return models.load_copy(config.model, config.stack.precision, config.device)
-    return models.load(config.stack.draft_model, config.stack.precision, config.device)
+        return models.load_copy(config.entry(), config.stack.precision, config.device)
+    return models.load(config.entry(config.stack.draft_model), config.stack.precision, config.device)
 
 
 def same_vocabulary(draft: models.LoadedModel, target: models.LoadedModel) -> bool:
@@ -260,9 +260,7 @@ class _Baseline:
 
 def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt]) -> tuple[_Baseline, str]:
     """The no-speculation run of the same prompts in this worker (measured, or reused if recent)."""
-    plain = TrialConfig(group="baseline", model=config.model, device=config.device,
-                        stack=Stack(precision=config.stack.precision), workload=config.workload,
-                        repeats=config.repeats, seed=config.seed)
+    plain = replace(config, group="baseline", stack=Stack(precision=config.stack.precision))
 
     def make() -> _Baseline:
         measured = measure(plain, loaded, prompts, generate_kwargs={})
@@ -278,7 +276,7 @@ def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
 def run_speculative(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """Baseline and speculative decoding of the same prompts, counted and compared token for token."""
     stack = config.stack                 # speculation on, batch 1, full cache: the group's guard
-    loaded = models.load(config.model, stack.precision, config.device)
+    loaded = models.load(config.entry(), stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     baseline, source = _baseline(config, loaded, prompts)
     kwargs = generate_kwargs(config, loaded)

@@ -22,7 +22,7 @@ need not, and says by how much it is not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trials import compiled, groups, models
 from trials.config import Runtime, Stack, TrialConfig
@@ -51,8 +51,7 @@ def base_stack(config: TrialConfig) -> Stack:
 
 
 def _variant(config: TrialConfig, stack: Stack) -> TrialConfig:
-    return TrialConfig(group="stacks", model=config.model, device=config.device, stack=stack,
-                       workload=config.workload, repeats=config.repeats, seed=config.seed)
+    return replace(config, group="stacks", stack=stack)
 
 
 def _summary(config: TrialConfig, loaded: models.LoadedModel, measured: Measured) -> Baseline:
@@ -69,7 +68,7 @@ def baseline(config: TrialConfig, prompts: list[Prompt], own: Baseline | None) -
         return memo.put(plain.config_hash, config.config_hash, own), "this trial"
 
     def make() -> Baseline:
-        base = models.load(plain.model, plain.stack.precision, plain.device)
+        base = models.load(plain.entry(), plain.stack.precision, plain.device)
         return _summary(plain, base, measure(plain, base, prompts, generate_kwargs={}))
 
     return memo.get(plain.config_hash, config.config_hash, make)
@@ -77,11 +76,11 @@ def baseline(config: TrialConfig, prompts: list[Prompt], own: Baseline | None) -
 
 def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, str]:
     """The reference precision's greedy outputs and teacher-forced predictions (full cache)."""
-    plain = _variant(config, Stack(precision=reference_precision(config.model, config.device)))
+    plain = _variant(config, Stack(precision=reference_precision(config.entry(), config.device)))
     memo = WORKER.memo("stacks.reference", max_age_s=REFERENCE_MAX_AGE_S)
 
     def make() -> Reference:
-        loaded = models.load(plain.model, plain.stack.precision, plain.device)
+        loaded = models.load(plain.entry(), plain.stack.precision, plain.device)
         measured = measure(plain, loaded, prompts, generate_kwargs={}, repeats=1)
         return Reference(measured.outputs(), *teacher_forced(loaded, plain.stack, prompts, plain))
 
@@ -91,7 +90,7 @@ def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, st
 def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """One combined stack: measured once through the loop, against the baseline and the reference."""
     stack = config.stack
-    loaded = models.load(config.model, stack.precision, config.device)
+    loaded = models.load(config.entry(), stack.precision, config.device)
     check_model(config, loaded.model.config)       # a cache the quantized backend cannot hold: why
     prompts = trial_prompts(config, loaded)
     kwargs = groups.generate_kwargs(config, loaded)
@@ -99,14 +98,14 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     measured = measure(config, loaded, prompts, generate_kwargs=kwargs)
     ref, ref_source = reference(config, prompts)
     metrics = compare_outputs(measured.outputs(), ref.outputs)
-    quantized = stack.kv_bits != 16 or stack.precision != reference_precision(config.model, config.device)
+    quantized = stack.kv_bits != 16 or stack.precision != reference_precision(config.entry(), config.device)
     if quantized:
         logprobs, targets = teacher_forced(loaded, stack, prompts, config)
         quality = quality_metrics(ref.logprobs, logprobs, targets)
         metrics.update({k: quality[k] for k in ("kl_divergence", "kl_divergence_max",
                                                 "teacher_forced_top1_match", "teacher_forced_tokens")})
     tags = {"stack_name": stack_name(stack), "reference_source": ref_source,
-            "reference_precision": reference_precision(config.model, config.device),
+            "reference_precision": reference_precision(config.entry(), config.device),
             "parts": describe(config)}
     if stack.speculation != "none":
         tags["proposer"] = stack.draft_model or "prompt lookup"

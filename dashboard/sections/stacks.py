@@ -25,6 +25,7 @@ from plotly.colors import qualitative
 
 from dashboard.sections.common import TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, has, latest
 from trials.config import Stack, TrialConfig, Workload
+from trials.registry import entry_from_dict
 from trials.factorial import effects, factor_columns
 from trials.groups import SPEC_NEEDS_CROP
 
@@ -200,10 +201,14 @@ def _typed(cls, row: pd.Series):
 
 
 def trial_config(row: pd.Series) -> TrialConfig:
-    """The run's exact config, rebuilt from its params (its config_hash is the run's)."""
+    """The run's exact config, rebuilt from its params (its config_hash is the run's), a sweep
+    file's own model too: its entry travels in the ``declared_models`` param."""
+    declared = row.get("declared_models")
     return TrialConfig(group=GROUP, model=str(row["model"]), device=str(row.get("device", "cpu")),
                        repeats=int(float(row["repeats"])), seed=int(float(row.get("seed", 0))),
-                       stack=_typed(Stack, row), workload=_typed(Workload, row))
+                       stack=_typed(Stack, row), workload=_typed(Workload, row),
+                       declared=tuple(entry_from_dict(e) for e in json.loads(declared))
+                       if isinstance(declared, str) and declared else ())
 
 
 def reproduce(row: pd.Series) -> tuple[str, str]:
