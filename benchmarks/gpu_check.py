@@ -1,8 +1,8 @@
 """One prepared check of the project's code path on a CUDA GPU: bandwidth, then one trial per chart group.
 
     benchmarks/gpu_check.sh                         # on the GPU machine (the repo's python, else python3)
-    python benchmarks/gpu_check.py --help
-    python benchmarks/gpu_check.py --device cpu --small    # the same flow on CPU with tiny configs
+    python -m benchmarks.gpu_check --help
+    python -m benchmarks.gpu_check --device cpu --small    # the same flow on CPU with tiny configs
 
 What it does, in order:
 
@@ -22,7 +22,7 @@ What it does, in order:
    ceiling for that k and that draft), not the speedup a trained pair would get. Each model is
    saved as a local Hugging Face folder (bf16) with a small byte-level BPE tokenizer trained here in
    seconds on the Python documentation text (``pydoc_data``); token ids only need to be below the
-   vocabulary. Both are cross-checked against ``trials.kv_footprint`` (CATALOGUE, KV bytes/token).
+   vocabulary. Both are cross-checked against ``trials.measurement.kv_footprint`` (CATALOGUE, KV bytes/token).
 4. One or more trials per chart group through the project's own ``trials.run.run_trial``:
    baseline, kv_cache, batching, quantization, speculative and stacks (see ``plan``). Each trial runs
    in try/except (and under a per-trial time limit): a failure is one line and a FAILED row, and
@@ -44,7 +44,7 @@ emits several tokens per target pass, so it may exceed the batch-1 roofline.
 
 The repository root is put on ``sys.path`` here: nothing needs installing (``pip install -e .`` not
 required). Only torch, transformers, tokenizers, safetensors, numpy are needed; pandas and scipy
-(imported by ``trials.factorial`` for the repeats' t-interval) get minimal stand-ins when missing,
+(imported by ``trials.stats.factorial`` for the repeats' t-interval) get minimal stand-ins when missing,
 and the output says so. The device machine's transformers may be older than the project's pin
 (5.17 against 5.24): two names the code path reads changed in between, and ``transformers_compat``
 adapts them in this process where they are missing, saying so (``--no-compat`` shows the failures).
@@ -91,7 +91,7 @@ class Arch:
 
     key: str                       # the name in the table
     family: str                    # "llama" | "qwen2"
-    catalogue: str | None          # trials.kv_footprint.CATALOGUE entry to cross-check against
+    catalogue: str | None          # trials.measurement.kv_footprint.CATALOGUE entry to cross-check against
     fields: dict                   # the config.json fields that shape the model
     small: dict                    # overrides for --small (tiny, CPU)
 
@@ -136,9 +136,9 @@ def make_config(arch: Arch, small: bool, layers: int | None = None):
 
 
 def cross_check(arch: Arch, config, small: bool) -> str:
-    """Compare the config with ``trials.kv_footprint``: its CATALOGUE entry (layers, heads, head_dim)
+    """Compare the config with ``trials.measurement.kv_footprint``: its CATALOGUE entry (layers, heads, head_dim)
     and its KV bytes per token with the hand formula; raises on a mismatch, else says what matched."""
-    from trials.kv_footprint import CATALOGUE, kv_footprint
+    from trials.measurement.kv_footprint import CATALOGUE, kv_footprint
 
     per_token = kv_footprint(config).bytes_per_token_uncapped(16)
     if small:
@@ -250,8 +250,8 @@ def build_models(keys: list[str], small: bool, device: str, workdir: Path, log) 
 
 def measure_bandwidth(device: str, nbytes: int, repeats: int = 10) -> dict:
     """Bytes/s of ``dst.copy_(src)`` over ``nbytes`` (read + write counted), best and median: the
-    project's own timed copy (``trials.batching.copy_seconds``, the batching group's roofline)."""
-    from trials.batching import copy_seconds
+    project's own timed copy (``trials.techniques.batching.runner.copy_seconds``, the batching group's roofline)."""
+    from trials.techniques.batching.runner import copy_seconds
 
     times = copy_seconds(device, nbytes, repeats)
     return {"copy_bytes": nbytes, "repeats": repeats, "best_bytes_per_s": 2 * nbytes / min(times),
@@ -482,27 +482,27 @@ def _t_ppf(p: float, df: float) -> float:
 
 
 def install_standins() -> list[str]:
-    """Stand-ins where pandas or scipy is missing, visible to ``trials.factorial`` only: it imports
+    """Stand-ins where pandas or scipy is missing, visible to ``trials.stats.factorial`` only: it imports
     pandas at module level (a trial never uses it) and scipy for the repeats' t quantile. transformers
     is imported first, because it probes optional packages when imported; the pandas stand-in leaves
-    ``sys.modules`` as soon as ``trials.factorial`` holds it, and scipy is replaced by patching
-    ``trials.factorial.t_quantile`` in this process (no file changes)."""
+    ``sys.modules`` as soon as ``trials.stats.factorial`` holds it, and scipy is replaced by patching
+    ``trials.stats.factorial.t_quantile`` in this process (no file changes)."""
     import transformers  # noqa: F401  (its import-time probes must not see a stand-in)
 
     notes = []
     if importlib.util.find_spec("pandas") is None:
         sys.modules["pandas"] = types.ModuleType("pandas")
         try:
-            import trials.factorial  # noqa: F401
+            import trials.stats.factorial  # noqa: F401
         finally:
             del sys.modules["pandas"]
-        notes.append("pandas missing: trials.factorial imported with an empty stand-in (a trial does not use it)")
+        notes.append("pandas missing: trials.stats.factorial imported with an empty stand-in (a trial does not use it)")
     if importlib.util.find_spec("scipy") is None:
-        import trials.factorial as factorial
+        import trials.stats.factorial as factorial
 
         factorial.t_quantile = lambda df, level=0.975: float("nan") if df < 1 else _t_ppf(level, df)
         notes.append("scipy missing: the repeats' t quantile from a pure-Python stand-in "
-                     "(trials.factorial.t_quantile patched in this process)")
+                     "(trials.stats.factorial.t_quantile patched in this process)")
     return notes
 
 
@@ -513,7 +513,7 @@ def transformers_compat() -> list[str]:
 
     * ``generate()``'s output calls its cache ``cache`` in 5.24 (``trials.loop._generate`` reads
       ``out.cache``); 5.17 calls it ``past_key_values``: without this every trial fails.
-    * a model's forward takes ``cache=`` in 5.24 (``trials.kv_cache.teacher_forced_logprobs``); 5.17
+    * a model's forward takes ``cache=`` in 5.24 (``trials.techniques.kv_cache.runner.teacher_forced_logprobs``); 5.17
       takes ``past_key_values=`` and silently ignores an unknown ``cache=``, so each teacher-forced
       step would run without its prefix (wrong KL and perplexity, no error).
     """
@@ -551,7 +551,7 @@ def transformers_compat() -> list[str]:
             models.append(cls.__name__)
     if models:
         notes.append(f"transformers compat: {', '.join(models)}.forward(cache=...) passed on as "
-                     "past_key_values= (trials.kv_cache's teacher-forced pass)")
+                     "past_key_values= (trials.techniques.kv_cache.runner's teacher-forced pass)")
     return notes
 
 
@@ -654,7 +654,6 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
 
-    sys.path.insert(0, str(ROOT))                  # the project without pip install -e .
     os.environ.setdefault("LLM_SWEEPS_MODEL_CACHE", "4")   # keep bf16, fp16, fp32 and the draft loaded
     notes = install_standins()
     if not args.no_compat:
@@ -665,7 +664,6 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         log(note)
     from trials import groups as trial_groups
-
     unknown = [g for g in args.groups if g not in trial_groups.NAMES]
     if unknown:
         print(f"gpu_check: unknown group(s) {', '.join(unknown)}; valid: {', '.join(trial_groups.NAMES)}",

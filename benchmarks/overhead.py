@@ -1,7 +1,7 @@
 """Sweep overhead and two-worker scaling, printed as ratios (targets: <= 0.05 and <= 0.6).
 
-    python benchmarks/overhead.py                      # the quick baseline sweep on the zoo
-    python benchmarks/overhead.py --groups baseline --models zoo-gqa,zoo-mha
+    python -m benchmarks.overhead                      # the quick baseline sweep on the zoo
+    python -m benchmarks.overhead --groups baseline --models zoo-gqa,zoo-mha
 
 Runs the same sweep twice into fresh temporary stores, once with one worker and once with two, then
 reads the runs back and prints:
@@ -26,9 +26,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import tracking  # noqa: E402
+import tracking
 
 
 def run_sweep(workers: int, store: Path, extra: list[str]) -> tuple[dict, str]:

@@ -1,13 +1,13 @@
 """fp32 vs bf16 on this CPU: decode step, prefill and training step times of random Llama models.
 
-    python benchmarks/precision.py                       # ~2M, ~10M, ~38M params, one thread
-    python benchmarks/precision.py --quick               # fewer steps, the two smaller shapes
-    python benchmarks/precision.py --shapes 38m --threads 2
-    python benchmarks/precision.py --env-avx2            # behave like an AVX2-only CPU (see below)
+    python -m benchmarks.precision                       # ~2M, ~10M, ~38M params, one thread
+    python -m benchmarks.precision --quick               # fewer steps, the two smaller shapes
+    python -m benchmarks.precision --shapes 38m --threads 2
+    python -m benchmarks.precision --env-avx2            # behave like an AVX2-only CPU (see below)
 
 Why: a CPU without bf16 matmul instructions (AVX2 only, no AVX-512-BF16 or AMX) emulates bf16, and a
 bf16 trial or bf16-autocast training there is many times slower than fp32, while on a CPU that has
-them bf16 is faster. ``trials.hardware`` decides "native" from one 256x256 matmul; this script shows
+them bf16 is faster. ``trials.measurement.hardware`` decides "native" from one 256x256 matmul; this script shows
 what that means for the work the project does: for each shape (random weights from a
 ``transformers.LlamaConfig``, tied embeddings, like the zoo's models) and ``--threads`` threads,
 
@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 VOCAB = 4096
 
@@ -168,8 +166,8 @@ def measure_shape(name: str, shape: Shape, args) -> list[tuple[str, float, float
 def reexec_as_avx2() -> None:
     """Run this script again with torch limited to AVX2 (both variables are read at import)."""
     argv = [a for a in sys.argv[1:] if a != "--env-avx2"]
-    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv],
-              {**os.environ, **AVX2_ENV})
+    os.chdir(ROOT)
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.precision", *argv], {**os.environ, **AVX2_ENV})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,12 +201,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trials.hardware import cpu_profile
+    from trials.measurement.hardware import cpu_profile
 
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           + ", ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in AVX2_ENV))
-    print("hardware profile (trials.hardware.cpu_profile):")
+    print("hardware profile (trials.measurement.hardware.cpu_profile):")
     print(json.dumps(cpu_profile().to_dict(), indent=1))
 
     started = time.perf_counter()

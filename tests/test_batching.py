@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 import tracking
-from trials import models
-from trials.batching import base_id, batch_rows, equal_length_prompts, parse_memory_budget
+from trials.models import loading
+from trials.techniques.batching.runner import base_id, batch_rows, equal_length_prompts, parse_memory_budget
 from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
-from trials.measure import model_weights_bytes
+from trials.measurement.instruments import model_weights_bytes
 from trials.prompts import workload_prompts
 from trials.loop import compare_outputs, measure, trial_prompts
 from trials.run import run_trial
@@ -31,7 +31,7 @@ def _config(model: str, batch: int, workload: Workload = TINY, repeats: int = 1)
 
 def _kv_bytes_by_hand(model: str, tokens: int, rows: int) -> int:
     """K and V, every layer, every KV head, fp32: the Llama formula written out."""
-    c = models.load(model, "fp32", "cpu").model.config
+    c = loading.load(model, "fp32", "cpu").model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4 * tokens * rows
 
@@ -71,7 +71,7 @@ def test_runner_matches_batch1_and_kv_grows_with_the_batch(tiny_zoo):
 def test_left_padding_gives_batch1_outputs_when_lengths_differ(tiny_zoo, model):
     """The prompts as written (not cut): a batch of 4 is left-padded to its longest prompt."""
     config = _config(model, 4)
-    loaded = models.load(model, "fp32", "cpu")
+    loaded = loading.load(model, "fp32", "cpu")
     prompts = trial_prompts(config, loaded)
     lengths = {len(loaded.tokenizer(p.text)["input_ids"]) for p in prompts}
     assert len(lengths) > 1, "the test needs prompts of different lengths"
@@ -82,7 +82,7 @@ def test_left_padding_gives_batch1_outputs_when_lengths_differ(tiny_zoo, model):
 
 
 def test_prompts_are_cut_to_one_length_and_rows_fill_every_batch(tiny_zoo):
-    tokenizer = models.load("tiny-gqa", "fp32", "cpu").tokenizer
+    tokenizer = loading.load("tiny-gqa", "fp32", "cpu").tokenizer
     original = workload_prompts("mixed", None)
     cut, length = equal_length_prompts(original, tokenizer)
     assert length == min(len(tokenizer(p.text)["input_ids"]) for p in original)
@@ -101,7 +101,7 @@ def test_prompts_are_cut_right_when_the_tokenizer_adds_a_bos_token(tiny_zoo):
 
     from tokenizers.processors import TemplateProcessing
 
-    tokenizer = copy.deepcopy(models.load("tiny-gqa", "fp32", "cpu").tokenizer)
+    tokenizer = copy.deepcopy(loading.load("tiny-gqa", "fp32", "cpu").tokenizer)
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
         single="<|bos|> $A", special_tokens=[("<|bos|>", tokenizer.bos_token_id)])
     assert tokenizer("")["input_ids"] == [tokenizer.bos_token_id]
@@ -124,7 +124,7 @@ def test_bad_memory_budget_is_a_config_error(text):
 
 
 def test_budget_smaller_than_the_model_is_an_oom_failed_run(tiny_zoo):
-    weights = model_weights_bytes(models.load("tiny-gqa", "fp32", "cpu").model)
+    weights = model_weights_bytes(loading.load("tiny-gqa", "fp32", "cpu").model)
     result = run_trial(_config("tiny-gqa", 2), Runtime(memory_budget_bytes=weights // 2))
     assert result.status == "FAILED" and result.error.startswith("oom: predicted peak")
     assert result.metrics["memory_budget_bytes"] == weights // 2

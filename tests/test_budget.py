@@ -8,8 +8,8 @@ import torch
 from sweeps import budget
 from sweeps.spaces import PROFILES
 from trials import groups
-from trials.hardware import cpu_profile, precision_is_native
-from trials.registry import get_model
+from trials.measurement.hardware import cpu_profile, precision_is_native
+from trials.models.registry import get_model
 
 MODELS = ["tiny-mha", "tiny-gqa"]
 
@@ -92,7 +92,7 @@ def test_emulated_precision_trials_shrink_to_their_cap():
 
 
 def test_quantization_trials_shrink_their_perplexity_windows_too():
-    from trials.quantization import perplexity_method
+    from trials.techniques.quantization.runner import perplexity_method
 
     config = next(c for c in _plan() if c.group == "quantization")
     shrunk = budget.shrink(config, 3)

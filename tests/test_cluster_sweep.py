@@ -38,8 +38,7 @@ def server(tmp_path):
 def test_sweep_on_a_two_node_cluster_logs_to_a_server(tiny_zoo, two_node_cluster, server, tmp_path):
     """A sweep file's own model (declared there only, with its path) runs on both nodes: the driver
     hands the file's models to every worker with its trial."""
-    from trials import zoo
-
+    from trials.models import zoo
     sweep_file = tmp_path / "mine.yaml"
     sweep_file.write_text(f"models:\n  - name: my-tiny\n    path: {zoo.model_path('tiny-gqa')}\n"
                           "    draft: none\n    trust_remote_code: false\ngroups: [baseline]\n"

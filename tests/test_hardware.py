@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trials import hardware
-from trials.environment import environment_tags
+from trials.measurement import hardware
+from trials.measurement.environment import environment_tags
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_environment_tags_say_what_the_numbers_depend_on():
 def test_avx2_can_be_reproduced_through_the_environment():
     """ATEN_CPU_CAPABILITY=avx2 + ONEDNN_MAX_CPU_ISA=AVX2 make torch report (and act as) AVX2."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    out = subprocess.run([sys.executable, "-m", "trials.hardware"], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", "trials.measurement.hardware"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     profile = json.loads(out.stdout)

@@ -1,6 +1,6 @@
 """KV-cache quantization end to end: real caches of the tiny zoo, a real store, the real dashboard.
 
-The bytes tests hold the expectation (``trials.kv_cache.expected_bytes``) against a walk of the
+The bytes tests hold the expectation (``trials.techniques.kv_cache.runner.expected_bytes``) against a walk of the
 tensors a real ``generate()`` left in the cache, for every backend and bit width, across prefill
 lengths, batch sizes and residual windows that flush (re-quantize) or not. The trial tests run the
 kv_cache group's runner as the sweep does; the chart test reads the five charts off the page the app
@@ -20,14 +20,14 @@ import torch
 
 import tracking
 from sweeps.spaces import PROFILES, kv_cache as kv_cache_space, kv_caches
-from trials import models
+from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
-from trials.kv_cache import (cache_config, check_model, expected_bytes, require_backend,
+from trials.techniques.kv_cache.runner import (cache_config, check_model, expected_bytes, require_backend,
                              residual_tokens)
-from trials.kv_footprint import kv_footprint
-from trials.measure import kv_cache_bytes
+from trials.measurement.kv_footprint import kv_footprint
+from trials.measurement.instruments import kv_cache_bytes
 from trials.prompts import extend_to_tokens, workload_prompts
-from trials.registry import zoo_targets
+from trials.models.registry import get_model, zoo_targets
 from trials.loop import failed_result
 from trials.run import run_trial
 
@@ -50,7 +50,7 @@ def test_full_precision_bytes_equal_the_formula_to_the_byte(tiny_zoo, model):
     result = run_trial(_trial(model, context=160))         # longer than the 128-token residual window
     m = result.metrics
     assert m["kv_cache_tokens"] == 160 + 12 - 1
-    config = models.load(model, "bf16", "cpu").model.config
+    config = loading.load(model, "bf16", "cpu").model.config
     by_hand = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * (160 + 11) * 2
     assert m["kv_cache_bytes"] == m["kv_cache_bytes_exact"] == m["kv_cache_bytes_expected"] == by_hand
     assert m["kv_cache_bytes_per_token_exact"] * m["kv_cache_tokens"] == by_hand
@@ -58,7 +58,7 @@ def test_full_precision_bytes_equal_the_formula_to_the_byte(tiny_zoo, model):
 
 @pytest.mark.parametrize("model,precision", [("tiny-gqa", "fp32"), ("tiny-mha", "bf16")])
 def test_expected_bytes_equal_the_walked_cache_for_every_backend(tiny_zoo, model, precision):
-    loaded = models.load(model, precision, "cpu")
+    loaded = loading.load(model, precision, "cpu")
     footprint = kv_footprint(loaded.model.config)
     dtype_bits = torch.finfo(loaded.model.dtype).bits
     vocab = loaded.model.config.vocab_size
@@ -146,7 +146,7 @@ def _gpt2_folder(path):
     """A real (random) GPT-2, an architecture the KV calculator does not model, with the tiny tokenizer."""
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    tokenizer = AutoTokenizer.from_pretrained(models.get_model("tiny-gqa").path())
+    tokenizer = AutoTokenizer.from_pretrained(get_model("tiny-gqa").path())
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=len(tokenizer)))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -172,7 +172,7 @@ def test_sliding_windows_go_hybrid_while_latent_and_ragged_groups_are_refused(ti
     assert {g.kind for g in check_model(_trial("tiny-gqa", 4, "hqq", group_size=32), sliding).groups} == {"sliding"}
     with pytest.raises(ConfigError, match="this model has mla layers"):
         check_model(_trial("tiny-gqa", 4, "hqq", group_size=32), "deepseek-v3")
-    config = models.load("tiny-gqa", "bf16", "cpu").model.config     # K/V row: 2 heads x 16 = 32
+    config = loading.load("tiny-gqa", "bf16", "cpu").model.config     # K/V row: 2 heads x 16 = 32
     with pytest.raises(ConfigError, match="does not divide"):
         check_model(_trial("tiny-gqa", 4, "hqq", group_size=64), config)
     assert check_model(_trial("tiny-gqa", 4, "hqq", group_size=32), config).num_hidden_layers == 2
@@ -182,7 +182,7 @@ def test_sliding_windows_go_hybrid_while_latent_and_ragged_groups_are_refused(ti
 
 @pytest.mark.parametrize("n_tokens", [7, 96, 256, 700])   # 256: no cut is exact, padded
 def test_context_prompts_have_exactly_n_tokens(tiny_zoo, n_tokens):
-    tokenizer = models.load("tiny-gqa", "fp32", "cpu").tokenizer
+    tokenizer = loading.load("tiny-gqa", "fp32", "cpu").tokenizer
     prompts = workload_prompts("mixed", 2)
     extended = extend_to_tokens(prompts, tokenizer, n_tokens)
     assert [p.id for p in extended] == [p.id for p in prompts]
@@ -341,7 +341,7 @@ def test_an_interrupted_quanto_build_does_not_hang_the_next_trial():
     build = Path(get_extension("quanto_cpp").build_directory)
     build.mkdir(parents=True, exist_ok=True)
     (build / "lock").touch()                   # what an interrupted first build leaves
-    code = "from trials.kv_cache import build_quanto_kernels; build_quanto_kernels('cpu'); print('ready')"
+    code = "from trials.techniques.kv_cache.runner import build_quanto_kernels; build_quanto_kernels('cpu'); print('ready')"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ready", done.stderr[-2000:]
     assert "removed the build lock" in done.stderr

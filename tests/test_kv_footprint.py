@@ -1,4 +1,4 @@
-"""trials.kv_footprint: hand-computed KV bytes for real architectures, the zoo cross-check and the CLI."""
+"""trials.measurement.kv_footprint: hand-computed KV bytes for real architectures, the zoo cross-check and the CLI."""
 
 import json
 import subprocess
@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trials import measure, zoo
-from trials.kv_footprint import CATALOGUE, KVFootprint, KVFootprintError, kv_footprint, main
+from trials.measurement import instruments
+
+from trials.models import zoo
+from trials.measurement.kv_footprint import CATALOGUE, KVFootprint, KVFootprintError, kv_footprint, main
 
 ROOT = Path(__file__).resolve().parents[1]
 CTX = 32768  # 32k context, batch 1, 16-bit (2 bytes per element) unless stated
@@ -181,7 +183,7 @@ def test_zoo_matches_the_formula_and_a_real_cache(tiny_zoo):
         out = model(input_ids, use_cache=True)
     real = sum(layer.keys.nbytes + layer.values.nbytes for layer in out.past_key_values.layers)
     assert real == kv_footprint("tiny-gqa").total_bytes(tokens, batch, 16) == 256 * tokens * batch
-    assert real == measure.kv_cache_bytes(out.past_key_values)
+    assert real == instruments.kv_cache_bytes(out.past_key_values)
 
 
 def test_sliding_window_against_transformers_cache():
@@ -210,7 +212,7 @@ def test_sliding_window_against_transformers_cache():
 # ---------------------------------------------------------------------------------------------- CLI
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "trials.kv_footprint", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "trials.measurement.kv_footprint", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trials", "sweeps", "tracking", "dashboard")
 # Modules a process without torch imports (the dashboard, the sweep's planning): they and everything
 # they import must not import torch, transformers or the measurement loop.
-TORCH_FREE = ("trials.groups", "trials.theory", "trials.factorial", "trials.config", "trials.registry", "trials.kv_footprint",
-              "trials.errors", "dashboard.app", "tracking.store")
+TORCH_FREE = ("trials.groups", "trials.stats.theory", "trials.stats.factorial", "trials.config",
+              "trials.models", "trials.models.registry", "trials.measurement.kv_footprint", "trials.errors",
+              "dashboard.app", "tracking.store")
 
 
 def module_name(path: Path) -> str:
@@ -82,8 +83,9 @@ def test_the_loop_and_lower_modules_import_no_technique():
     graph = import_graph()
     techniques = {pointer.split(":")[0] for g in __import__("trials.groups").groups.GROUPS
                   for pointer in (g.runner, g.generate_hook) if pointer}
-    below = ("trials.loop", "trials.models", "trials.measure", "trials.config", "trials.registry",
-             "trials.quantized_weights", "trials.perplexity", "trials.worker", "trials.zoo")
+    below = ("trials.loop", "trials.models.loading", "trials.measurement.instruments", "trials.config",
+             "trials.models.registry", "trials.models.quantized_weights", "trials.measurement.perplexity",
+             "trials.worker", "trials.models.zoo")
 
     def reach(module: str, seen: set[str]) -> set[str]:
         for dep in graph.get(module, ()):
@@ -99,7 +101,7 @@ def test_the_loop_and_lower_modules_import_no_technique():
 @pytest.mark.parametrize("module", TORCH_FREE)
 def test_torch_free_modules_stay_torch_free(module):
     code = (f"import sys, {module}\n"
-            "heavy = sorted(m for m in ('torch', 'transformers', 'trials.loop', 'trials.models') if m in sys.modules)\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'trials.loop', 'trials.models.loading') if m in sys.modules)\n"
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -137,3 +139,13 @@ def test_every_console_command_is_installed_and_answers_help(capsys):
             installed[name].load()(["--help"])
         assert exit_.value.code == 0, name
         assert "usage:" in capsys.readouterr().out, name
+
+
+def test_no_module_edits_sys_path():
+    """The packages are installed (``pip install -e .``; the scripts are console commands too) and the
+    benchmarks run as ``python -m benchmarks.<name>`` from the root: nothing needs ``sys.path`` edits."""
+    edits = [f"{path.relative_to(ROOT)}:{n}" for pkg in (*PACKAGES, "benchmarks")
+             for path in (ROOT / pkg).rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if "sys.path.insert" in line or "sys.path.append" in line]
+    assert not edits, edits

@@ -21,9 +21,10 @@ import uuid
 import tracking
 from conftest import ROOT
 from sweeps.sweepfile import load_sweep
-from trials import groups, zoo
+from trials import groups
+from trials.models import zoo
 from trials.config import TrialConfig
-from trials.registry import Catalogue
+from trials.models.registry import Catalogue
 from trials.run import run_trial
 from tracking.store import write_record
 

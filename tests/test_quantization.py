@@ -21,10 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from trials import models, quantized_weights, zoo
+from trials.models import loading
+
+from trials.models import quantized_weights
+
+from trials.models import zoo
 from trials.config import ConfigError, Stack, TrialConfig, Workload
-from trials.perplexity import heldout_windows, perplexity, split_windows
-from trials.registry import get_model, perplexity_method
+from trials.measurement.perplexity import heldout_windows, perplexity, split_windows
+from trials.models.registry import get_model, perplexity_method
 from trials.run import run_trial
 from trials.worker import WORKER
 
@@ -147,12 +151,12 @@ def test_int8_and_nf4_load_and_generate(tiny_zoo):
         assert result.tags["quantizer"].startswith("bitsandbytes")
         assert 0 < result.metrics["quantized_weight_fraction"] < 1
         assert 0 <= result.metrics["fidelity_token_match"] <= 1
-    loaded = models.load("tiny-gqa", "nf4", "cpu")
+    loaded = loading.load("tiny-gqa", "nf4", "cpu")
     assert type(loaded.model.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
 
 
 def test_perplexity_is_deterministic_on_the_zoo_heldout_split(tiny_zoo):
-    loaded = models.load("tiny-gqa", "fp32", "cpu")
+    loaded = loading.load("tiny-gqa", "fp32", "cpu")
     method = perplexity_method(get_model("tiny-gqa"))
     first, second = _ppl(loaded, method), _ppl(loaded, method)
     assert first.perplexity == second.perplexity and first.tokens == second.tokens
@@ -167,7 +171,7 @@ def test_perplexity_is_deterministic_on_the_zoo_heldout_split(tiny_zoo):
     assert torch.equal(windows[1], code[method.stride:method.stride + method.context])
     assert starts[0] == 1 and starts[1] == method.context - method.stride
     # bf16 scores the very same tokens
-    bf16 = _ppl(models.load("tiny-gqa", "bf16", "cpu"), method)
+    bf16 = _ppl(loading.load("tiny-gqa", "bf16", "cpu"), method)
     assert bf16.tokens == first.tokens and bf16.perplexity != first.perplexity
 
 
@@ -178,7 +182,7 @@ def test_perplexity_reproduces_the_zoo_cards_with_the_zoos_windows(tiny_zoo):
 
     method = perplexity_method(get_model("tiny-mha"))
     zoo_windows = dataclasses.replace(method, stride=method.context, windows=zoo.SETS["tiny"].eval_windows)
-    got = _ppl(models.load("tiny-mha", "fp32", "cpu"), zoo_windows)
+    got = _ppl(loading.load("tiny-mha", "fp32", "cpu"), zoo_windows)
     card = zoo.load_card("tiny-mha")
     assert got.tokens == card["heldout_tokens"]
     assert got.perplexity == pytest.approx(card["heldout_perplexity"], abs=1e-3)

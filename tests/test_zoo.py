@@ -13,8 +13,8 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trials import zoo
-from trials.hardware import cpu_profile
+from trials.models import zoo
+from trials.measurement.hardware import cpu_profile
 
 REPO = Path(__file__).resolve().parents[1]
 CARD_FIELDS = (
@@ -42,7 +42,7 @@ def fresh_zoo(tiny_zoo, monkeypatch):
 
 def _run_cli(*args, env_dir):
     env = dict(os.environ, **{zoo.ZOO_ENV_VAR: str(env_dir)})
-    return subprocess.run([sys.executable, "-m", "trials.zoo", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "trials.models.zoo", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field, fields
 from trials import groups
 from trials.errors import ConfigError
 from trials.prompts import PROMPT_SETS
-from trials.registry import ModelEntry, entry_from_dict, get_model, max_positions
+from trials.models.registry import ModelEntry, entry_from_dict, get_model, max_positions
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
-QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")   # loaded through a transformers quantizer (trials.quantized_weights)
+QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")   # loaded through a transformers quantizer (trials.models.quantized_weights)
 KV_BITS = (16, 8, 4, 2)
 KV_BACKENDS = ("none", "hqq", "quanto")      # transformers' QuantizedCache backends
 KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2)}   # of KV_BITS, what each backend packs
@@ -49,7 +49,7 @@ class Stack:
     draft_model: str | None = None
     num_draft_tokens: int = 0
     batch_size: int = 1
-    compile: bool = False             # compiled decoding: a static cache + torch.compile (trials.compiled)
+    compile: bool = False             # compiled decoding: a static cache + torch.compile (trials.techniques.stacks.compiled)
 
     def validate(self) -> None:
         _check(self.precision in PRECISIONS,
@@ -167,7 +167,7 @@ class TrialConfig:
                    f"{self.workload.max_new_tokens} is longer than {self.model}'s {limit} positions")
         if self.stack.draft_model is not None:
             self.entry(self.stack.draft_model)    # a draft of another tokenizer family drafts across
-            # tokenizers (transformers' universal assisted generation; trials.speculative)
+            # tokenizers (transformers' universal assisted generation; trials.techniques.speculative.runner)
 
     def entry(self, name: str | None = None) -> ModelEntry:
         """The registry entry of ``name`` (default: the target), declared or built in."""
@@ -231,7 +231,7 @@ class Runtime:
     num_threads: int | None = None
     git_sha: str = "unknown"
     sweep_id: str = ""
-    memory_budget_bytes: int | None = None   # emulate a device this size (trials.batching): oom above it
+    memory_budget_bytes: int | None = None   # emulate a device this size (trials.techniques.batching.runner): oom above it
 
 
 # Sizes, for ``Runtime.memory_budget_bytes`` (``--memory-budget``) and messages.

@@ -88,7 +88,7 @@ class Group:
     def plan(self, models: list[str], profile, device: str, uri: str | None = None,
              catalogue=None) -> list:
         """The group's trials of ``models`` (names the ``catalogue`` resolves: the built-in models
-        and a sweep file's own, ``trials.registry.Catalogue``)."""
+        and a sweep file's own, ``trials.models.registry.Catalogue``)."""
         if self.space is None:
             raise ConfigError(f"group {self.name!r} has no trials yet; implemented: {', '.join(implemented())}")
         extra = {"uri": uri} if self.space_reads_store else {}
@@ -101,39 +101,39 @@ class Group:
 GROUPS: tuple[Group, ...] = (
     Group("baseline", "Baseline: each model at each weight precision",
           guard=_only_weights_and_batch("baseline"),
-          runner="trials.baseline:run_baseline", space="sweeps.spaces:baseline",
+          runner="trials.techniques.baseline.runner:run_baseline", space="sweeps.spaces:baseline",
           section="dashboard.sections.baseline",
           reference="none: the baseline is what the other groups compare against"),
     Group("speculative", "Speculative decoding: a draft model or prompt lookup proposes k tokens",
           guard=_speculative_guard,
-          runner="trials.speculative:run_speculative", space="sweeps.spaces:speculative",
+          runner="trials.techniques.speculative.runner:run_speculative", space="sweeps.spaces:speculative",
           section="dashboard.sections.speculative",
-          generate_hook="trials.speculative:generate_kwargs",
+          generate_hook="trials.techniques.speculative.runner:generate_kwargs",
           reference="the same prompts without speculation, measured once per worker, model and "
                     "workload, reused for 15 minutes (tag baseline_source)"),
     Group("kv_cache", "KV-cache quantization: 16/8/4/2-bit caches at growing contexts",
           guard=_kv_cache_guard,
-          runner="trials.kv_cache:run_kv_cache", space="sweeps.spaces:kv_cache",
+          runner="trials.techniques.kv_cache.runner:run_kv_cache", space="sweeps.spaces:kv_cache",
           section="dashboard.sections.kv_cache",
-          generate_hook="trials.kv_cache:generate_kwargs",
+          generate_hook="trials.techniques.kv_cache.runner:generate_kwargs",
           reference="the full-precision cache on the same prompts, measured once per worker, model "
                     "and workload, reused for 30 minutes (tag reference_source)"),
     Group("batching", "Static batching: B rows per decode step, up to the memory boundary",
           guard=_only_weights_and_batch("batching"),
-          runner="trials.batching:run_batching", space="sweeps.spaces:batching",
+          runner="trials.techniques.batching.runner:run_batching", space="sweeps.spaces:batching",
           section="dashboard.sections.batching",
           reference="each prompt decoded alone (batch 1), once per worker, model and workload (tag "
                     "batch1_reference); the memory bandwidth once per worker (tag bandwidth_source)"),
     Group("quantization", "Weight quantization: fp32/bf16/int8/nf4/GPTQ weights",
           guard=_only_weights_and_batch("quantization"),
-          runner="trials.quantization:run_quantization", space="sweeps.spaces:quantization",
+          runner="trials.techniques.quantization.runner:run_quantization", space="sweeps.spaces:quantization",
           section="dashboard.sections.quantization",
           reference="the reference precision's greedy outputs and perplexity, once per worker, model "
                     "and workload (tag reference_source)"),
     Group("stacks", "How much did optimizations help? Techniques combined in one trial",
           guard=lambda stack: SPEC_NEEDS_CROP if stack.kv_bits != 16 and stack.speculation != "none" else None,
-          runner="trials.stacks:run_stack", space="sweeps.spaces:stacks", space_reads_store=True,
-          generate_hook="trials.compiled:generate_kwargs",
+          runner="trials.techniques.stacks.runner:run_stack", space="sweeps.spaces:stacks", space_reads_store=True,
+          generate_hook="trials.techniques.stacks.compiled:generate_kwargs",
           section="dashboard.sections.stacks",
           reference="the base stack (fast precision, full cache, no speculation) for speed and memory "
                     "(tag baseline_source), the reference precision's greedy outputs and "

@@ -1,14 +1,14 @@
 """THE measurement loop: what every technique composes, and nothing technique-specific.
 
-    load (``trials.models.load``, cached per worker) -> warm up -> for each repeat, for each batch
+    load (``trials.models.loading.load``, cached per worker) -> warm up -> for each repeat, for each batch
     of prompts: generate greedily a fixed number of tokens, stamping prefill (TTFT) and decode
     -> medians and spread over repeats, peak memory, real weight and KV-cache bytes
 
-Every optimization changes only how the model is loaded (``trials.models.load``) or which arguments
+Every optimization changes only how the model is loaded (``trials.models.loading.load``) or which arguments
 ``generate()`` gets (its technique's generate hook, handed to ``measure`` as ``generate_kwargs``);
 the timing, counting and memory code below is shared by all of them, so numbers of different
 optimizations are comparable. A technique's runner (``trials.groups``) composes the same pieces:
-``models.load`` -> ``measure`` -> ``compare_outputs`` -> ``finish``, and adds its own measurements.
+``loading.load`` -> ``measure`` -> ``compare_outputs`` -> ``finish``, and adds its own measurements.
 Generation is greedy with ``min_new_tokens`` equal to ``max_new_tokens``: every configuration
 produces the same number of tokens, and outputs of two configurations can be compared token for
 token.
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trials import models
+from trials.models import loading
 from trials.config import Runtime, TrialConfig
-from trials.environment import environment_tags
+from trials.measurement.environment import environment_tags
 from trials.errors import ConfigError
-from trials.factorial import t_interval
-from trials.hardware import precision_is_native
-from trials.kv_footprint import KVFootprintError, kv_footprint
-from trials.measure import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
+from trials.stats.factorial import t_interval
+from trials.measurement.hardware import precision_is_native
+from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
+from trials.measurement.instruments import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
                             track_peak_memory)
 from trials.prompts import Prompt, as_chat, extend_to_tokens, workload_prompts
 
@@ -84,7 +84,7 @@ def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
     return [prompts[i:i + size] for i in range(0, len(prompts), size)]
 
 
-def _generate(loaded: models.LoadedModel, batch: list[Prompt], new_tokens: int,
+def _generate(loaded: loading.LoadedModel, batch: list[Prompt], new_tokens: int,
               timer: TokenTimer, generate_kwargs: dict) -> BatchRecord:
     tokenizer, model = loaded.tokenizer, loaded.model
     texts = [p.text for p in batch]
@@ -130,7 +130,7 @@ def _kv_bytes_exact(model: torch.nn.Module, record: BatchRecord) -> tuple[int | 
 
 def _repeat_statistics(throughput: list[float]) -> dict[str, float]:
     """The repeats' spread as a 95 % t-interval (two repeats or more), taken on log tok/s and
-    mapped back, so it stays positive and matches how effects are estimated (``trials.factorial``);
+    mapped back, so it stays positive and matches how effects are estimated (``trials.stats.factorial``);
     and the mean and variance of log tok/s that those estimates combine."""
     logs = [math.log(t) for t in throughput]
     stats = {"tok_per_s_repeats": float(len(logs)), "log_tok_per_s_mean": statistics.mean(logs)}
@@ -141,7 +141,7 @@ def _repeat_statistics(throughput: list[float]) -> dict[str, float]:
     return stats
 
 
-def _summarize(config: TrialConfig, loaded: models.LoadedModel,
+def _summarize(config: TrialConfig, loaded: loading.LoadedModel,
                repeats: list[list[BatchRecord]], added_peak_bytes: int) -> tuple[dict[str, float], dict[str, str]]:
     """The trial's metrics, and tags that explain any predicted value it could not compute."""
     batch_size = config.stack.batch_size
@@ -185,7 +185,7 @@ class Measured:
         return {pid: ids for b in self.repeats[0] for pid, ids in zip(b.prompt_ids, b.output_ids)}
 
 
-def measure(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt], *,
+def measure(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prompt], *,
             generate_kwargs: dict, batch_size: int | None = None, repeats: int | None = None,
             probe=None) -> Measured:
     """THE loop: warm up every batch shape, then ``repeats`` timed passes over all prompts.
@@ -232,7 +232,7 @@ def compare_outputs(outputs: dict[str, list[int]], reference: dict[str, list[int
             "lossless": float(all(outputs[pid] == ref for pid, ref in reference.items()))}
 
 
-def finish(config: TrialConfig, runtime: Runtime, loaded: models.LoadedModel, measured: Measured,
+def finish(config: TrialConfig, runtime: Runtime, loaded: loading.LoadedModel, measured: Measured,
            metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
            raw: dict | None = None) -> TrialResult:
     """The trial's result: the loop's summary plus what the group measured on top."""
@@ -268,7 +268,7 @@ def _model_tags(config: TrialConfig) -> dict[str, str]:
     return tags
 
 
-def trial_prompts(config: TrialConfig, loaded: models.LoadedModel) -> list[Prompt]:
+def trial_prompts(config: TrialConfig, loaded: loading.LoadedModel) -> list[Prompt]:
     """The workload's prompts, in a fixed order (the same for every stack of a model); with
     ``context_tokens`` each is extended to exactly that many tokens of the model's tokenizer.
     An instruct model (its registry entry's ``chat_template``) gets the short prompts through its chat

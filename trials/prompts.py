@@ -44,8 +44,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from trials import corpus
-
+from trials.models import corpus
 PROMPT_TYPES = ("code", "prose", "structured", "repetitive")
 
 MIN_PROMPT_CHARS = 150
@@ -552,7 +551,7 @@ def as_chat(prompts: list[Prompt], tokenizer) -> list[Prompt]:
 # --- long contexts ------------------------------------------------------------------------
 
 CONTEXT_SOURCES = {"code": "code", "prose": "prose", "structured": "structured", "repetitive": "prose"}
-"""Which ``trials.corpus`` source fills the context in front of each prompt type."""
+"""Which ``trials.models.corpus`` source fills the context in front of each prompt type."""
 
 CONTEXT_SEPARATOR = "\n\n"
 _CONTEXT_SEED = 4321          # structured filler: its own seed, so it is not the zoo's training text
@@ -565,7 +564,7 @@ def extend_to_tokens(prompts: list[Prompt], tokenizer, n_tokens: int) -> list[Pr
     Long-context trials (the KV cache grows with the context) need prompts of a known token count,
     and the count must hold for the model's own tokenizer (``tokenizer(text)["input_ids"]``, exactly
     as the measurement loop tokenizes). So the text in front is real text of the prompt's kind, from
-    ``trials.corpus`` (stdlib code before code prompts, Python-docs prose before prose and repetitive
+    ``trials.models.corpus`` (stdlib code before code prompts, Python-docs prose before prose and repetitive
     ones, generated JSON/CSV/markdown before structured ones), the prompt's own ending -- where the
     model continues -- is unchanged, and the cut is at the character where the token count is exactly
     *n_tokens* (found by bisection; counts are near-monotone in the cut). Deterministic for a given

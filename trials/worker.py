@@ -69,7 +69,7 @@ def model_cache_size() -> int:
 class WorkerState:
     """Everything one worker process keeps between trials (see the module docstring).
 
-    ``models``: loaded models, LRU by (model, precision, device) (``trials.models.load``);
+    ``models``: loaded models, LRU by (model, precision, device) (``trials.models.loading.load``);
     ``copies``: one independent second instance (a model drafting for itself);
     ``load_notes``: how a quantized model was made (GPTQ cache hit, calibration), by load key;
     ``memos``: each group's reference runs and other once-per-worker measurements, by name

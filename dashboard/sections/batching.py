@@ -11,7 +11,7 @@ batch until the device runs out of memory. Three charts, one line per model:
    device's memory as a horizontal line and an ``oom`` cross where a trial did not fit.
 
 The frame holds every run of the group (``RUN_STATUS = None``): FINISHED runs draw the lines, FAILED
-runs whose reason starts with ``oom`` mark the boundary. Numbers come from ``trials/batching.py``.
+runs whose reason starts with ``oom`` mark the boundary. Numbers come from ``trials/techniques/batching/runner.py``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Values reach plotly as plain lists, not numpy arrays, so the figure JSON holds p
 browser (and the browser tests) can read back as they are.
 
 A number measured in a precision its CPU only emulates (bf16 on an AVX2-only CPU: ``precision_native``
-"False", see ``trials.hardware``) describes the emulation more than the optimization. Provenance says
+"False", see ``trials.measurement.hardware``) describes the emulation more than the optimization. Provenance says
 so in its device field (CPU model, torch's CPU capability, ``EMULATED``); ``mark_emulated`` then
 hatches and fades those bars and crosses and fades those points, and ``emulation_note`` is the line a
 section shows above its charts. The app applies both to every section, so a new chart gets them by

@@ -2,7 +2,7 @@
 
 The cache grows with every token (2 x layers x kv_heads x head_dim x tokens x bytes), so at long
 contexts or large batches it, not the weights, fills memory; fewer bits shrink it, at some cost in
-speed (de/quantizing) and fidelity. Per model, under a selector (numbers from ``trials.kv_cache`` via
+speed (de/quantizing) and fidelity. Per model, under a selector (numbers from ``trials.techniques.kv_cache.runner`` via
 one query, ``tracking.runs_frame``):
 
 1. The cache itself: measured bytes against context, full precision and 4-bit, with the exact
@@ -14,7 +14,7 @@ one query, ``tracking.runs_frame``):
    teacher-forced KL divergence, by KV precision (16/8/4/2), one line per backend.
    And beside them, decode throughput against context per KV precision: what de/quantizing costs.
 
-Across models, from the architecture alone (``trials.kv_footprint``: the catalogue's transcribed
+Across models, from the architecture alone (``trials.measurement.kv_footprint``: the catalogue's transcribed
 hub configs and the measured zoo models' config.json; nothing here is measured):
 
 4. The KV cache at 32k tokens, full vs 8-bit vs 4-bit.
@@ -30,8 +30,8 @@ from plotly.subplots import make_subplots
 
 from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, count_range, device_names,
                                        finished_only, has, latest, oom_crosses, oom_rows, points)
-from trials import zoo
-from trials.kv_footprint import CATALOGUE, KVFootprintError, kv_footprint
+from trials.models import zoo
+from trials.measurement.kv_footprint import CATALOGUE, KVFootprintError, kv_footprint
 
 GROUP = "kv_cache"
 TITLE = "KV-cache quantization — does it actually help?"
@@ -141,7 +141,7 @@ def memory_chart(rows: pd.DataFrame, model: str) -> go.Figure:
         figure.add_trace(go.Scatter(
             name=f"formula, {bits}-bit (exact)", x=[0.0, top], y=[0.0, per_token * top / MB],
             mode="lines", line=dict(color="black", width=1),
-            hovertemplate="exact formula (trials/kv_footprint.py)<br>%{x:,.0f} tokens: "
+            hovertemplate="exact formula (trials/measurement/kv_footprint.py)<br>%{x:,.0f} tokens: "
                           "%{y:,.3f} MB<extra></extra>"))
     four = part[part["kv_bits"] == 4]
     for backend, sub in four.groupby("kv_backend", sort=True):
@@ -151,7 +151,7 @@ def memory_chart(rows: pd.DataFrame, model: str) -> go.Figure:
             y=[float(v) / MB for v in sub["kv_cache_bytes_expected"]], mode="lines",
             line=dict(dash="dot"),
             hovertemplate=f"expected 4-bit {backend}: formula × 4/16 + scales/zeros + residual "
-                          "window (trials/kv_cache.py)<br>%{x:,.0f} tokens: %{y:,.3f} MB<extra></extra>"))
+                          "window (trials/techniques/kv_cache/runner.py)<br>%{x:,.0f} tokens: %{y:,.3f} MB<extra></extra>"))
     full_bits = _fmt(part.get("kv_cache_dtype_bits", pd.Series([16.0])).max(), "{:.0f}").replace("n/a", "16")
     for name, sub in [(f"{full_bits}-bit (full), measured", part[part["kv_bits"] == 16])] + \
             [(f"4-bit {b}, measured", s) for b, s in four.groupby("kv_backend", sort=True)]:
@@ -305,7 +305,7 @@ def at_32k_chart(models: list[tuple[str, object, str]]) -> go.Figure:
             y=[fp.total_bytes(CONTEXT_32K, 1, bits) / GIB for _, fp, _ in models],
             customdata=[source for _, _, source in models],
             hovertemplate=f"<b>%{{x}}</b> · {bits}-bit<br>%{{y:,.3f}} GiB at {CONTEXT_32K:,} tokens, "
-                          "batch 1<br>exact from config: %{customdata}<br>trials/kv_footprint.py"
+                          "batch 1<br>exact from config: %{customdata}<br>trials/measurement/kv_footprint.py"
                           + ("" if bits == 16 else "; payload only (scales/zeros extra)")
                           + "<extra></extra>"))
     figure.update_layout(title="KV cache at 32k tokens, batch 1: full vs 8-bit vs 4-bit "
@@ -365,8 +365,8 @@ def caption(frame: pd.DataFrame) -> str:
         "Per model (selector below): measured kv_cache_bytes walk the cache's real tensors "
         "(quantized codes, scales, zeros and the full-precision residual window, each storage once); "
         "the expected bytes are the formula at the cache's bits for the quantized tokens plus one "
-        "scale and zero per group and the residual window at full precision (trials/kv_cache.py); "
-        f"the exact line is the full-precision formula (trials/kv_footprint.py). {integrity(rows)} "
+        "scale and zero per group and the residual window at full precision (trials/techniques/kv_cache/runner.py); "
+        f"the exact line is the full-precision formula (trials/measurement/kv_footprint.py). {integrity(rows)} "
         "Fidelity is against the full-precision cache on the same prompts: greedy token match, and "
         "teacher-forced KL(full ‖ quantized) per token over each prompt's last tokens, which does not "
         f"compound after a first flip. Contexts {contexts} tokens, "
@@ -376,7 +376,7 @@ def caption(frame: pd.DataFrame) -> str:
         f"{_reference_note(rows)}"
         f"The crossover chart projects the exact formula beyond the measured range for batch 1 and "
         f"batch {LARGE_BATCH}. The two charts above are exact from config, not measured: "
-        "trials/kv_footprint.py on the catalogue's transcribed hub configs (MLA as its latent cache, "
+        "trials/measurement/kv_footprint.py on the catalogue's transcribed hub configs (MLA as its latent cache, "
         "sliding windows capped) and the measured zoo models' config.json; 8- and 4-bit bars are "
         "the payload only (group-wise scales and zeros add about 0.5 bit per element at group 64 "
         "with 16-bit scale and zero).")

@@ -16,7 +16,7 @@ measured, per model, under a model selector:
 Above them one chart of every model: speed-up against perplexity change, each relative to the same
 model's reference precision. The caption checks the expected ordering for every model (8-bit within
 ``INT8_TOLERANCE`` of bf16; 4-bit at or above 8-bit) and names every break rather than hiding it.
-Numbers come from ``trials.quantization`` via one query, ``tracking.runs_frame``.
+Numbers come from ``trials.techniques.quantization.runner`` via one query, ``tracking.runs_frame``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Decode is bandwidth-bound, so verifying k+1 tokens costs about one target step; the win depends on
 how often the guesses are right (acceptance α) and how cheap they are relative to the target (cost
 ratio c). Leviathan et al. (2023): expected tokens per target pass E = (1 - α^(k+1)) / (1 - α), predicted
-speedup E / (k·c + 1). Every trial logs what it measured beside those predictions (``trials.speculative``).
+speedup E / (k·c + 1). Every trial logs what it measured beside those predictions (``trials.techniques.speculative.runner``).
 
 Across models:
 
@@ -34,7 +34,7 @@ from plotly.subplots import make_subplots
 
 from dashboard.sections.common import (TEMPLATE, PROVENANCE, PROVENANCE_HOVER, Hover, device_names, has, latest,
                                        spread_error_bars)
-from trials.theory import expected_tokens_per_pass
+from trials.stats.theory import expected_tokens_per_pass
 
 GROUP = "speculative"
 TITLE = "Speculative decoding — across models"
@@ -70,7 +70,7 @@ def best_k(rows: pd.DataFrame) -> pd.DataFrame:
 
 def pooled_alpha(part: pd.DataFrame) -> float | None:
     """Leviathan's per-token α over all of a proposer's trials of one model, from the pooled counts:
-    accepted / (accepted + rounds ending in a rejection), as ``trials.speculative`` estimates it."""
+    accepted / (accepted + rounds ending in a rejection), as ``trials.techniques.speculative.runner`` estimates it."""
     if {"draft_tokens_accepted", "rejected_rounds"} <= set(part.columns):
         accepted = pd.to_numeric(part["draft_tokens_accepted"], errors="coerce").sum()
         tested = accepted + pd.to_numeric(part["rejected_rounds"], errors="coerce").sum()

@@ -1,13 +1,13 @@
 """How much did optimizations help? Whole stacks, each optimization's own effect, the best stack.
 
 Each point is ONE trial of a combined stack (weights, KV cache, speculation loaded and generated
-together, ``trials.stacks``), never a sum of separate trials. The charts:
+together, ``trials.techniques.stacks.runner``), never a sum of separate trials. The charts:
 
 1. Speed vs memory by optimization stack: x = decode tok/s (right = faster), y = peak memory (lower =
    less), error bars the 95 % t-interval over repeats, the Pareto front drawn (no other stack both
    faster and smaller), bottom-right best. All models above; one model under the selector.
 2. What each optimization contributes: main effects and two-way interactions from the per-model 2^n
-   design (``trials.factorial``), as "x faster" with 95 % intervals; an interval spanning 1x is
+   design (``trials.stats.factorial``), as "x faster" with 95 % intervals; an interval spanning 1x is
    marked not significant. Memory effects carry no interval (one peak per trial).
 3. Best stack: the fastest stack within the quality budget (``QUALITY_BUDGET``) and the smallest,
    with the command that reproduces the trial and the arguments that turn the stack on.
@@ -25,8 +25,8 @@ from plotly.colors import qualitative
 
 from dashboard.sections.common import TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, has, latest
 from trials.config import Stack, TrialConfig, Workload
-from trials.registry import entry_from_dict
-from trials.factorial import effects, factor_columns
+from trials.models.registry import entry_from_dict
+from trials.stats.factorial import effects, factor_columns
 from trials.groups import SPEC_NEEDS_CROP
 
 GROUP = "stacks"

@@ -9,12 +9,12 @@ exactly as the hub would ship them: each model folder alone loads with
 
 Usage::
 
-    python -m trials.zoo build [--set tiny|full] [--force] [--model NAME]
-    python -m trials.zoo list [--set tiny|full|all]
+    python -m trials.models.zoo build [--set tiny|full] [--force] [--model NAME]
+    python -m trials.models.zoo list [--set tiny|full|all]
 
 Design choices:
 
-* Corpus (see ``trials.corpus``): stdlib ``.py`` source (code), ``pydoc_data/topics.py`` (English
+* Corpus (see ``trials.models.corpus``): stdlib ``.py`` source (code), ``pydoc_data/topics.py`` (English
   prose) and seeded generated JSON / CSV / markdown tables (structured), ~3.5 MB for ``full`` and
   ~0.5 MB for ``tiny``. The last ~5% of each source's documents are held out; perplexity is
   measured on non-overlapping windows of that held-out text (same windows for every model of a
@@ -52,7 +52,7 @@ Design choices:
   numerics, and perplexity is what the sweeps depend on.
 
 Each model's card holds what its build measured (parameters, held-out perplexity, tokens, seconds,
-training precision, greedy samples); ``python -m trials.zoo list`` prints them. Builds are
+training precision, greedy samples); ``python -m trials.models.zoo list`` prints them. Builds are
 deterministic per machine, not across machines (CPU kernels and the training precision differ).
 These are toys, undertrained for their size: Python-shaped, repetitive text, fine for measuring
 inference mechanics (speed, memory, perplexity deltas, draft agreement), not for their text. What
@@ -79,9 +79,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from trials.corpus import SOURCES, CorpusSpec, build_corpus
+from trials.models.corpus import SOURCES, CorpusSpec, build_corpus
 
-log = logging.getLogger("trials.zoo")
+log = logging.getLogger("trials.models.zoo")
 
 ZOO_ENV_VAR = "LLM_SWEEPS_ZOO_DIR"
 DEFAULT_ZOO_DIR = "~/.cache/llm-inference-sweeps/zoo"
@@ -301,7 +301,7 @@ def load_card(name: str) -> dict:
     card = _read_json(path)
     if card is None:
         raise FileNotFoundError(f"zoo model {name!r} is not built ({path} missing); "
-                                f"run: python -m trials.zoo build --set {RECIPES[name].zoo_set}")
+                                f"run: python -m trials.models.zoo build --set {RECIPES[name].zoo_set}")
     return card
 
 
@@ -435,8 +435,8 @@ def heldout_windows(set_name: str, ids: dict | None = None):
 
 
 def heldout_perplexity(model, windows) -> float:
-    """exp(mean next-token NLL) over the windows, every target scored (``trials.perplexity``)."""
-    from trials.perplexity import score_windows      # torch: imported only by a build
+    """exp(mean next-token NLL) over the windows, every target scored (``trials.measurement.perplexity``)."""
+    from trials.measurement.perplexity import score_windows      # torch: imported only by a build
 
     model.eval()
     nll_sum, tokens = score_windows(model, windows)
@@ -468,7 +468,7 @@ def _how_made(r: ModelRecipe, params: int, tokens: int, ppl: float, heldout_toke
     mix = ", ".join(f"{int(w * 100)}% {src}" for src, w in r.source_weights)
     text = (f"{r.name} is a {params / 1e6:.2f}M-parameter LlamaForCausalLM ({r.layers} layers, hidden "
             f"{r.hidden_size}, {r.attention_heads} attention heads and {r.kv_heads} KV heads of dim {r.head_dim}, "
-            f"tied embeddings) trained from scratch on CPU by trials.zoo: {r.train_steps} AdamW steps of "
+            f"tied embeddings) trained from scratch on CPU by trials.models.zoo: {r.train_steps} AdamW steps of "
             f"{r.batch_size}x{r.seq_len} tokens ({tokens:,} tokens; peak lr {r.learning_rate:g}, "
             f"{r.warmup_steps} warmup steps then cosine to 10%, {'bf16 autocast' if precision == 'bf16' else 'fp32'}, seed {r.seed}), sampling windows "
             f"{mix} from the '{r.zoo_set}' corpus: Python stdlib source (code), pydoc_data topics (English "
@@ -686,8 +686,8 @@ def _run_training(names: list[str], jobs: int, precision: str) -> None:
 
 
 def train_precision() -> str:
-    """bf16 autocast where this CPU runs bf16 natively, else fp32 (see ``trials.hardware``)."""
-    from trials.hardware import cpu_profile, fast_precision
+    """bf16 autocast where this CPU runs bf16 natively, else fp32 (see ``trials.measurement.hardware``)."""
+    from trials.measurement.hardware import cpu_profile, fast_precision
 
     precision = fast_precision("cpu")
     profile = cpu_profile()
@@ -783,7 +783,7 @@ def _fail(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trials.zoo",
+        prog="python -m trials.models.zoo",
         description="Build and list the offline zoo of small trained Llama models "
                     f"(cache: ${ZOO_ENV_VAR} or {DEFAULT_ZOO_DIR}; now {zoo_dir()}).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -829,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Re-import under the package name so worker processes pickle `trials.zoo` functions.
-    from trials.zoo import main as _main
+    # Re-import under the package name so worker processes pickle `trials.models.zoo` functions.
+    from trials.models.zoo import main as _main
 
     sys.exit(_main())

@@ -26,15 +26,15 @@ Anything it cannot model (an unknown ``model_type``, an unknown layer type, a mi
 :class:`KVFootprintError` naming what it cannot model; it never guesses.
 
 Precision: ``bits / 8`` bytes per cached element (16-bit default). For 8/4/2 bits this is the payload only;
-quantization scales and zero points are extra and are measured elsewhere (``trials.measure.kv_cache_bytes``).
+quantization scales and zero points are extra and are measured elsewhere (``trials.measurement.instruments.kv_cache_bytes``).
 
 ``CATALOGUE`` holds well-known real architectures as *transcribed config facts*: the fields of each model's
 published ``config.json`` that matter for the KV cache, written down from the hub configs (the hub id is the
-key's ``hub_id``; nothing is downloaded). The zoo models (``trials.zoo``) resolve too.
+key's ``hub_id``; nothing is downloaded). The zoo models (``trials.models.zoo``) resolve too.
 
 Command line::
 
-    python -m trials.kv_footprint CONFIG [--context N] [--batch B] [--bits 16|8|4|2] [--mla latent|expanded] [--json]
+    python -m trials.measurement.kv_footprint CONFIG [--context N] [--batch B] [--bits 16|8|4|2] [--mla latent|expanded] [--json]
 
 CONFIG is a path to a ``config.json`` (or a folder with one), a catalogue name or a zoo name. Bad input prints
 one line on stderr and exits 2.
@@ -50,8 +50,7 @@ import pathlib
 import sys
 from typing import Any
 
-from trials import zoo
-
+from trials.models import zoo
 __all__ = ["CATALOGUE", "KVFootprint", "KVFootprintError", "LayerGroup", "kv_footprint", "load_config", "main"]
 
 
@@ -369,7 +368,7 @@ def _human(n: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trials.kv_footprint",
+    p = argparse.ArgumentParser(prog="python -m trials.measurement.kv_footprint",
                                 description="KV-cache bytes per token and in total for a model config.")
     p.add_argument("config", help="path to a config.json (or a model folder), a catalogue name or a zoo name")
     p.add_argument("--context", type=int, default=32768, help="tokens per sequence (default 32768)")

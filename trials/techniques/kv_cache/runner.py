@@ -7,7 +7,7 @@ stores it in 8/4/2 bits, group-wise, with one of two backends: HQQ (8/4/2 bits) 
 (``generate_kwargs``); timing and memory come from the shared loop (``trials.loop.measure``).
 
 How that cache stores what it holds (read from transformers' ``QuantizedLayer``, checked by walking
-the real tensors, ``trials.measure.kv_cache_bytes``): the prompt is quantized whole at prefill;
+the real tensors, ``trials.measurement.instruments.kv_cache_bytes``): the prompt is quantized whole at prefill;
 every decoded token then goes to a full-precision *residual* window, and when the window reaches
 ``residual_length`` tokens the whole cache is de-quantized, joined and re-quantized. So after ``n``
 decode steps, ``n mod residual_length`` tokens are in full precision and the rest in ``nbits``.
@@ -16,7 +16,7 @@ groups of ``q_group_size`` elements; every group keeps a scale and a zero point 
 the model's dtype. HQQ packs the codes exactly (``group_size * nbits / 8`` bytes per group); quanto
 packs the ``(groups, group_size)`` codes along the groups axis, ``8 / nbits`` groups per byte row, so
 its row count rounds up. ``expected_bytes`` adds these up -- the full-precision formula of
-``trials.kv_footprint`` at ``nbits`` for the quantized tokens, the scales and zeros, quanto's row
+``trials.measurement.kv_footprint`` at ``nbits`` for the quantized tokens, the scales and zeros, quanto's row
 padding, and the formula at full precision for the residual window -- and each trial logs it as
 ``kv_cache_bytes_expected`` beside the measured ``kv_cache_bytes`` (and ``kv_cache_bytes_exact``,
 the same cache unquantized).
@@ -53,10 +53,10 @@ from pathlib import Path
 
 import torch
 
-from trials import models
+from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
 from trials.errors import ConfigError
-from trials.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
+from trials.measurement.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
 from trials.loop import Measured, PerCall, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.prompts import Prompt
 from trials.worker import WORKER
@@ -131,7 +131,7 @@ def has_sliding_layers(model: torch.nn.Module) -> bool:
     return any(t != "full_attention" for t in _layer_types(model))
 
 
-def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
+def generate_kwargs(config: TrialConfig, loaded: loading.LoadedModel) -> dict:
     """What ``generate()`` needs for the stack's KV cache (nothing for the full-precision one).
 
     transformers' ``QuantizedCache`` refuses models with sliding-window layers (Gemma-3: 5 of every 6
@@ -256,7 +256,7 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def teacher_forced_logprobs(loaded: models.LoadedModel, stack: Stack, prompt: Prompt,
+def teacher_forced_logprobs(loaded: loading.LoadedModel, stack: Stack, prompt: Prompt,
                             forced: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probabilities ``[forced, vocab]`` of the next token, the true tokens ``[forced]``).
 
@@ -304,7 +304,7 @@ def _reference_config(config: TrialConfig) -> TrialConfig:
     return replace(config, stack=Stack(precision=config.stack.precision))
 
 
-def teacher_forced(loaded: models.LoadedModel, stack: Stack, prompts: list[Prompt],
+def teacher_forced(loaded: loading.LoadedModel, stack: Stack, prompts: list[Prompt],
                    config: TrialConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``teacher_forced_logprobs`` of every prompt: (log-probabilities, true tokens) per prompt."""
     pairs = [teacher_forced_logprobs(loaded, stack, p, forced_length(
@@ -312,7 +312,7 @@ def teacher_forced(loaded: models.LoadedModel, stack: Stack, prompts: list[Promp
     return [lp for lp, _ in pairs], [t for _, t in pairs]
 
 
-def reference(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt],
+def reference(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prompt],
               measured: Measured | None = None) -> tuple[Reference, str]:
     """The full-precision reference of this trial's prompts: ``measured`` when the trial is itself
     the full-precision stack, else the one this worker measured recently, else measured now (one
@@ -332,7 +332,7 @@ def reference(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
 
 # ------------------------------------------------------------------------------ the trial
 
-def byte_metrics(footprint: KVFootprint, config: TrialConfig, loaded: models.LoadedModel,
+def byte_metrics(footprint: KVFootprint, config: TrialConfig, loaded: loading.LoadedModel,
                  measured: Measured) -> dict[str, float]:
     """Expected bytes of the cache the trial measured (the same record ``finish`` reports)."""
     biggest = max(measured.repeats[0], key=lambda b: b.kv_cache_tokens)
@@ -353,7 +353,7 @@ def byte_metrics(footprint: KVFootprint, config: TrialConfig, loaded: models.Loa
 def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """The stack's cache and the full-precision one on the same prompts: bytes, speed, fidelity."""
     stack = config.stack                 # no speculation: the group's guard
-    loaded = models.load(config.entry(), stack.precision, config.device)
+    loaded = loading.load(config.entry(), stack.precision, config.device)
     footprint = check_model(config, loaded.model.config)
     prompts = trial_prompts(config, loaded)
     measured = measure(config, loaded, prompts, generate_kwargs=generate_kwargs(config, loaded))
@@ -374,7 +374,7 @@ def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     return result
 
 
-def _method(stack: Stack, loaded: models.LoadedModel) -> str:
+def _method(stack: Stack, loaded: loading.LoadedModel) -> str:
     dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     if stack.kv_bits == 16:
         return f"DynamicCache (full precision: {dtype}, the weights' dtype)"

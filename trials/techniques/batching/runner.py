@@ -20,7 +20,7 @@ What a trial does (``run_batching``), composing ``trials.loop``'s pieces (one me
   same loaded model, untimed as far as the trial is concerned) and reused by the worker's other trials
   of that model and workload; the tag ``batch1_reference`` says which trial measured them and when.
 * The memory boundary. ``predicted_peak_memory_bytes`` = weights + the exact KV cache of B rows at the
-  final context (``trials.kv_footprint``) + an activation estimate (``predict_peak``). A trial whose
+  final context (``trials.measurement.kv_footprint``) + an activation estimate (``predict_peak``). A trial whose
   predicted or measured peak exceeds the budget becomes a FAILED run whose reason starts with ``oom``
   and which still carries its predicted (and, if it ran, measured) numbers; nothing crashes. The
   budget is ``Runtime.memory_budget_bytes`` (``--memory-budget``: emulate a smaller device on a CPU),
@@ -43,14 +43,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trials import models
+from trials.models import loading
 from trials.config import Runtime, TrialConfig, human_bytes, parse_memory_budget
 from trials.errors import ConfigError
-from trials.kv_footprint import KVFootprintError, kv_footprint
+from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
 from trials.loop import OOM, TrialResult, free_memory, compare_outputs, failed_result, finish, measure, trial_prompts
-from trials.measure import model_weights_bytes
+from trials.measurement.instruments import model_weights_bytes
 from trials.prompts import Prompt
-from trials.theory import roofline_tok_per_s
+from trials.stats.theory import roofline_tok_per_s
 from trials.worker import WORKER
 
 REUSE_MARK = "#"
@@ -155,7 +155,7 @@ def _kv_bytes(model: torch.nn.Module, context: int, batch: int) -> int | None:
     return footprint.total_bytes(context, batch, 8 * _element_bytes(model))
 
 
-def predict_peak(loaded: models.LoadedModel, batch: int, prompt_tokens: int,
+def predict_peak(loaded: loading.LoadedModel, batch: int, prompt_tokens: int,
                  new_tokens: int) -> PeakPrediction:
     """Weights + exact KV of ``batch`` rows at the final context + ``activation_bytes``."""
     model = loaded.model
@@ -234,7 +234,7 @@ def _measure_bandwidth(device: str, nbytes: int) -> float:
     return 2 * nbytes / min(copy_seconds(device, nbytes))
 
 
-def decode_bytes_per_step(loaded: models.LoadedModel, batch: int, prompt_tokens: int,
+def decode_bytes_per_step(loaded: loading.LoadedModel, batch: int, prompt_tokens: int,
                           new_tokens: int, measured_kv_bytes: int) -> tuple[float, str]:
     """Bytes one decode step reads, averaged over the decode steps: weights + KV of every row at
     each step's context (prompt + 1 .. prompt + new - 1), and where the KV figure came from."""
@@ -253,7 +253,7 @@ def _reference_key(config: TrialConfig, prompts: list[Prompt]) -> tuple:
             tuple((p.id, p.text) for p in prompts))
 
 
-def batch1_outputs(config: TrialConfig, loaded: models.LoadedModel,
+def batch1_outputs(config: TrialConfig, loaded: loading.LoadedModel,
                    prompts: list[Prompt]) -> tuple[dict[str, list[int]], str]:
     """Each prompt's greedy output decoded alone (once per worker, before timing), and where it came
     from: ``"this trial"`` or ``"reused: measured N s earlier in this worker (trial <hash>)"``."""
@@ -322,7 +322,7 @@ def _overrun(peak_bytes: float, budgets: dict[str, int], batch: int) -> str:
     return ""
 
 
-def _measure_against_batch1(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt],
+def _measure_against_batch1(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prompt],
                             rows: list[Prompt]):
     """The timed run of ``rows`` in batches, its batch-1 reference outputs and their source."""
     batch, memo = config.stack.batch_size, WORKER.memo("batching.batch1")
@@ -350,7 +350,7 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """One rung of a model's batch ladder: fixed-length prompts, B rows per step, checked against
     batch 1, with its predicted peak, its memory boundary and its roofline."""
     batch, new_tokens = config.stack.batch_size, config.workload.max_new_tokens
-    loaded = models.load(config.entry(), config.stack.precision, config.device)
+    loaded = loading.load(config.entry(), config.stack.precision, config.device)
     prompts, prompt_tokens = equal_length_prompts(trial_prompts(config, loaded), loaded.tokenizer)
     rows = batch_rows(prompts, batch)
     predicted = predict_peak(loaded, batch, prompt_tokens, new_tokens)

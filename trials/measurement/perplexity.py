@@ -1,8 +1,8 @@
 """Held-out perplexity: the one place next-token NLL over text windows is computed.
 
 Used by the zoo (each model's card) and by the quantization group (each precision against its
-reference). The text and its windows are a ``trials.corpus.PerplexityMethod`` (which held-out
-documents, context, stride, how many windows per source; ``trials.registry.perplexity_method``
+reference). The text and its windows are a ``trials.models.corpus.PerplexityMethod`` (which held-out
+documents, context, stride, how many windows per source; ``trials.models.registry.perplexity_method``
 picks one per model). Per source, windows of ``context`` tokens start every ``stride`` tokens; the
 first window scores all its tokens, later ones only their last ``stride`` tokens, so every scored
 token sees at least ``context - stride`` tokens of context and none is scored twice (the strided
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trials.corpus import PerplexityMethod, build_corpus
+from trials.models.corpus import PerplexityMethod, build_corpus
 from trials.errors import ConfigError
 
 LOGITS_BUDGET = 64 * 1024 * 1024       # fp32 logits per scoring chunk (elements)

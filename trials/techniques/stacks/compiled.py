@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from trials import models
+from trials.models import loading
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.loop import trial_prompts
@@ -63,7 +63,7 @@ def compile_record(before: tuple[int, int]) -> tuple[dict, dict]:
     return {"compile_graphs": float(graphs)}, {"compile_fallback": fallback}
 
 
-def max_cache_len(config: TrialConfig, loaded: models.LoadedModel) -> int:
+def max_cache_len(config: TrialConfig, loaded: loading.LoadedModel) -> int:
     """The longest prompt of the trial in tokens, plus its new tokens: one cache shape for all."""
     prompts = trial_prompts(config, loaded)
     longest = max(len(loaded.tokenizer(p.text)["input_ids"]) for p in prompts)
@@ -84,7 +84,7 @@ def keep_kernels_per_capability() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
-def generate_kwargs(config: TrialConfig, loaded: models.LoadedModel) -> dict:
+def generate_kwargs(config: TrialConfig, loaded: loading.LoadedModel) -> dict:
     """What ``generate()`` needs for compiled decoding (nothing without ``stack.compile``)."""
     if not config.stack.compile:
         return {}

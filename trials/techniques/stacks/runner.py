@@ -2,9 +2,9 @@
 
 A stack here is weight precision + KV-cache quantization + speculation + compiled decoding (+ batch
 size), loaded and generated together through the one measurement loop: the weights come quantized
-from ``models.load``, and ``generate()`` gets every technique's arguments at once
+from ``loading.load``, and ``generate()`` gets every technique's arguments at once
 (``trials.groups.generate_kwargs``: the quantized cache, the draft model or prompt lookup, the static
-cache and compile config of ``trials.compiled``). A combination's number is never a sum or product
+cache and compile config of ``trials.techniques.stacks.compiled``). A combination's number is never a sum or product
 of separate trials.
 
 Each trial is compared with two references, both measured once per worker, model and workload (and
@@ -24,14 +24,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trials import compiled, groups, models
+from trials import groups
+
+from trials.techniques.stacks import compiled
+
+from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
-from trials.factorial import FACTOR_TAG, stack_factors, stack_name
-from trials.hardware import fast_precision
-from trials.kv_cache import Reference, check_model, quality_metrics, teacher_forced
+from trials.stats.factorial import FACTOR_TAG, stack_factors, stack_name
+from trials.measurement.hardware import fast_precision
+from trials.techniques.kv_cache.runner import Reference, check_model, quality_metrics, teacher_forced
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.prompts import Prompt
-from trials.registry import reference_precision
+from trials.models.registry import reference_precision
 from trials.worker import WORKER
 
 REFERENCE_MAX_AGE_S = 30 * 60
@@ -54,7 +58,7 @@ def _variant(config: TrialConfig, stack: Stack) -> TrialConfig:
     return replace(config, group="stacks", stack=stack)
 
 
-def _summary(config: TrialConfig, loaded: models.LoadedModel, measured: Measured) -> Baseline:
+def _summary(config: TrialConfig, loaded: loading.LoadedModel, measured: Measured) -> Baseline:
     result = finish(config, Runtime(), loaded, measured)
     return Baseline(result.metrics["tok_per_s"], result.metrics["peak_memory_bytes"], measured.outputs())
 
@@ -68,7 +72,7 @@ def baseline(config: TrialConfig, prompts: list[Prompt], own: Baseline | None) -
         return memo.put(plain.config_hash, config.config_hash, own), "this trial"
 
     def make() -> Baseline:
-        base = models.load(plain.entry(), plain.stack.precision, plain.device)
+        base = loading.load(plain.entry(), plain.stack.precision, plain.device)
         return _summary(plain, base, measure(plain, base, prompts, generate_kwargs={}))
 
     return memo.get(plain.config_hash, config.config_hash, make)
@@ -80,7 +84,7 @@ def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, st
     memo = WORKER.memo("stacks.reference", max_age_s=REFERENCE_MAX_AGE_S)
 
     def make() -> Reference:
-        loaded = models.load(plain.entry(), plain.stack.precision, plain.device)
+        loaded = loading.load(plain.entry(), plain.stack.precision, plain.device)
         measured = measure(plain, loaded, prompts, generate_kwargs={}, repeats=1)
         return Reference(measured.outputs(), *teacher_forced(loaded, plain.stack, prompts, plain))
 
@@ -90,7 +94,7 @@ def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, st
 def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """One combined stack: measured once through the loop, against the baseline and the reference."""
     stack = config.stack
-    loaded = models.load(config.entry(), stack.precision, config.device)
+    loaded = loading.load(config.entry(), stack.precision, config.device)
     check_model(config, loaded.model.config)       # a cache the quantized backend cannot hold: why
     prompts = trial_prompts(config, loaded)
     kwargs = groups.generate_kwargs(config, loaded)

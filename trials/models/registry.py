@@ -1,12 +1,12 @@
 """Model registry: one place that maps a model name to where its weights come from.
 
-A name resolves to a zoo model (built offline by ``trials.zoo``), a local folder, or a Hugging Face
+A name resolves to a zoo model (built offline by ``trials.models.zoo``), a local folder, or a Hugging Face
 hub id. Every entry says its role (target or draft), its default draft, the dtype it is published in,
 and whether it needs ``trust_remote_code`` (off unless the entry says so: loading a model must never
 run code from the hub by accident).
 
-The zoo entries are read from ``trials.zoo.RECIPES`` so the zoo stays the single source of its own
-models; the two real pretrained models that ship as GGUF inside PyPI packages (``trials.pypi_models``:
+The zoo entries are read from ``trials.models.zoo.RECIPES`` so the zoo stays the single source of its own
+models; the two real pretrained models that ship as GGUF inside PyPI packages (``trials.models.pypi``:
 SmolLM2-135M-Instruct, Gemma-3-270M) run on every machine, labelled 4-bit-derived. The hub models
 are for clusters with internet; each target is listed with the smaller model of the same tokenizer
 family that serves as its draft.
@@ -19,8 +19,10 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
-from trials import pypi_models, zoo
-from trials.corpus import PerplexityMethod, real_text
+from trials.models import pypi
+
+from trials.models import zoo
+from trials.models.corpus import PerplexityMethod, real_text
 from trials.errors import ConfigError
 
 
@@ -43,7 +45,7 @@ class ModelEntry:
         if self.source == "zoo":
             return str(zoo.model_path(self.location))
         if self.source == "pypi":
-            return str(pypi_models.model_path(self.location))
+            return str(pypi.model_path(self.location))
         return self.location
 
 
@@ -69,7 +71,7 @@ def all_models() -> dict[str, ModelEntry]:
     for name, recipe in zoo.RECIPES.items():
         entries[name] = ModelEntry(name, "zoo", name, recipe.role, default_draft=recipe.default_draft,
                                    tokenizer=f"zoo-{recipe.zoo_set}")
-    for name, spec in pypi_models.MODELS.items():
+    for name, spec in pypi.MODELS.items():
         entries[name] = ModelEntry(name, "pypi", name, "target", default_draft=spec.default_draft,
                                    tokenizer=spec.tokenizer, dtype="fp32",
                                    chat_template=spec.chat_template, bos_in_perplexity=spec.bos_in_perplexity,
@@ -177,8 +179,8 @@ REAL_CONTEXT, REAL_STRIDE, REAL_WINDOWS = 256, 128, 16
 
 
 def perplexity_method(entry: ModelEntry, windows: int = 0) -> PerplexityMethod:
-    """How ``model`` is scored (``trials.perplexity``): its zoo set's evaluation window and held-out
-    split; a real model (PyPI, local folder, hub) on ``trials.corpus.real_text()`` in windows of
+    """How ``model`` is scored (``trials.measurement.perplexity``): its zoo set's evaluation window and held-out
+    split; a real model (PyPI, local folder, hub) on ``trials.models.corpus.real_text()`` in windows of
     ``REAL_CONTEXT`` tokens every ``REAL_STRIDE``, with BOS first where the entry says so.
 
     ``windows`` (a workload's ``eval_windows``) overrides how many windows are scored, e.g. fewer

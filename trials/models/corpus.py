@@ -72,7 +72,7 @@ class CorpusSpec:
 
 @dataclass(frozen=True)
 class PerplexityMethod:
-    """Which held-out text, and how it is cut into scored windows (``trials.perplexity``).
+    """Which held-out text, and how it is cut into scored windows (``trials.measurement.perplexity``).
 
     The zoo's models are scored on their set's held-out documents (``corpus``, mixed by ``weights``);
     real pretrained models on ``real_text()``, a fixed English text that ships with the system and

@@ -2,7 +2,7 @@
 
 The dashboard imports this module to draw theory curves, so it must stay free of torch, transformers
 and the measurement loop. Formulas that need a model's architecture (exact KV-cache bytes) live in
-``trials.kv_footprint``, which is equally torch-free.
+``trials.measurement.kv_footprint``, which is equally torch-free.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from trials.hardware import cpu_profile, hardware_tags
+from trials.measurement.hardware import cpu_profile, hardware_tags
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ threshold sits far from both). Measuring also honours ``ATEN_CPU_CAPABILITY=avx2
 ``ONEDNN_MAX_CPU_ISA=AVX2``, which make a fast CPU behave like an AVX2 one; the flags are logged
 beside the measurement (``*_hw_flag``), so a disagreement is visible.
 
-    python -m trials.hardware        # prints the profile as JSON
+    python -m trials.measurement.hardware        # prints the profile as JSON
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from functools import cache
 import torch
 
 NATIVE_MAX_RATIO = 2.0
-# The plain (unquantized) precisions and their torch dtypes; quantized ones: trials.quantized_weights.
+# The plain (unquantized) precisions and their torch dtypes; quantized ones: trials.models.quantized_weights.
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _MATMUL_SIZE = 256
 # CPU flags (/proc/cpuinfo "flags" on x86, "Features" on aarch64) that mean hardware 16-bit matmuls.
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     argparse.ArgumentParser(
-        prog="python -m trials.hardware",
+        prog="python -m trials.measurement.hardware",
         description="What this machine runs fast, as JSON: CPU model, torch's CPU capability, and whether "
                     "bf16/fp16 matmuls are native here (measured: a 256x256 matmul timed against fp32). "
                     "Every run is tagged with the same facts (env.cpu_model, env.cpu_capability, "

@@ -5,7 +5,7 @@ from measurements; those measurements go stale with the machine and the code, so
 recomputed from a store, instead of in comments. Paste the output into the README's "Measured"
 section (or a PR) with the command that produced it:
 
-    python benchmarks/report.py --tracking-uri sqlite:///mlflow.db > measured.md
+    llm-report --tracking-uri sqlite:///mlflow.db > measured.md
 
 Every figure names its group and model; nothing is printed that the store does not hold.
 """
@@ -15,14 +15,11 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import tracking  # noqa: E402
-from trials import groups  # noqa: E402
+import tracking
+from trials import groups
 
 SATURATION_GAIN = 0.05        # a batch "stops gaining" when tok/s rises by less than this over the last
 
@@ -109,7 +106,7 @@ def stacks(frame: pd.DataFrame) -> list[str]:
     """Each stack per model (tok/s with its 95 % interval, memory, quality), then the effects."""
     if frame.empty or "tags.stack_name" not in frame:
         return []
-    from trials.factorial import effects
+    from trials.stats.factorial import effects
 
     # "x base": against the base stack measured in the same worker (speedup_vs_baseline), which is not
     # the ratio of two rows of this table when the two workers' machines were loaded differently
@@ -153,7 +150,7 @@ def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python benchmarks/report.py",
+    parser = argparse.ArgumentParser(prog="llm-report",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--tracking-uri", default=None,
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
@@ -165,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             raise tracking.TrackingError(f"{uri} holds no finished runs: run a sweep into it first "
                                          "(python sweeps/full.py --tracking-uri ...)")
     except tracking.TrackingError as exc:
-        print(f"python benchmarks/report.py: error: {exc}", file=sys.stderr)
+        print(f"llm-report: error: {exc}", file=sys.stderr)
         return 2
     print(report(uri, frames), end="")
     return 0

@@ -10,8 +10,8 @@ error. Embeddings, norms and the (tied) output head stay unquantized, so on a sm
 a 4-bit model is nowhere near 8x smaller than fp32: ``quantized_weight_fraction`` says how much of
 the model the quantizer touched.
 
-Precisions (``Stack.precision``): ``fp32`` / ``bf16`` / ``fp16`` are plain dtypes (``trials.models``;
-fp16 on CUDA only); ``int8``, ``nf4`` and ``gptq`` load through ``trials.quantized_weights``, which
+Precisions (``Stack.precision``): ``fp32`` / ``bf16`` / ``fp16`` are plain dtypes (``trials.models.loading``;
+fp16 on CUDA only); ``int8``, ``nf4`` and ``gptq`` load through ``trials.models.quantized_weights``, which
 says how each is made (and how GPTQ calibrates and caches).
 
 Everything a quantizer leaves alone runs in the *compute dtype*, the dtype of the model's reference
@@ -19,8 +19,8 @@ precision (``reference_precision``: fp32 on CPU, the published dtype on CUDA, i.
 precision worth running). A quantized trial therefore differs from its reference in the quantized
 linear weights only, and its perplexity delta is the price of quantizing them.
 
-Quality, by one fixed method (``trials.perplexity``), on the same tokens for every precision:
-held-out text of the zoo corpus (``trials.corpus``: the last ~5% of each source's documents, never
+Quality, by one fixed method (``trials.measurement.perplexity``), on the same tokens for every precision:
+held-out text of the zoo corpus (``trials.models.corpus``: the last ~5% of each source's documents, never
 trained on; the documents of the model's own zoo set, the ``full`` set's for hub models), each
 document tokenized by the model's tokenizer and followed by EOS, exactly as the zoo built its
 held-out split. Per source (code / prose / structured, weighted as the zoo weights its own
@@ -34,7 +34,7 @@ Fidelity: greedy outputs of the trial against a run of the reference precision o
 the same worker (``trials.loop.compare_outputs``); the reference run and its perplexity are measured
 once per worker and model, and the tag ``reference_source`` says which trial measured them.
 
-Bytes: ``weights_bytes`` is the real storage (``trials.measure.model_weights_bytes``, which also counts
+Bytes: ``weights_bytes`` is the real storage (``trials.measurement.instruments.model_weights_bytes``, which also counts
 the scales bitsandbytes keeps beside its parameters); ``weights_bytes_nominal`` is the prediction
 "quantized weights x bits + everything else in the compute dtype", and
 ``hf_memory_footprint_bytes`` is what ``get_memory_footprint()`` claims, logged to show where it is
@@ -47,14 +47,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trials import models
+from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
-from trials.hardware import DTYPES
+from trials.measurement.hardware import DTYPES
 from trials.loop import TrialResult, compare_outputs, finish, measure, trial_prompts
-from trials.perplexity import Perplexity, PerplexityMethod, perplexity
+from trials.measurement.perplexity import Perplexity, PerplexityMethod, perplexity
 from trials.prompts import Prompt
-from trials.quantized_weights import compute_dtype
-from trials.registry import perplexity_method, reference_precision
+from trials.models.quantized_weights import compute_dtype
+from trials.models.registry import perplexity_method, reference_precision
 from trials.worker import WORKER
 
 NOMINAL_BITS = {"int8": 8, "nf4": 4, "gptq": 4}
@@ -102,7 +102,7 @@ def _reference(config: TrialConfig, prompts: list[Prompt], method: PerplexityMet
             "this trial"
 
     def make() -> Reference:
-        loaded = models.load(config.entry(), precision, config.device)
+        loaded = loading.load(config.entry(), precision, config.device)
         measured = measure(plain, loaded, prompts, generate_kwargs={})
         return Reference(precision, measured.outputs(), perplexity(loaded.model, loaded.tokenizer, method),
                          sum(p.numel() for p in loaded.model.parameters()))
@@ -120,7 +120,7 @@ def _hf_footprint(model: torch.nn.Module) -> dict[str, float]:
 def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """Speed, memory and perplexity of one precision, and its outputs against the reference's."""
     stack = config.stack
-    loaded = models.load(config.entry(), stack.precision, config.device)
+    loaded = loading.load(config.entry(), stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     measured = measure(config, loaded, prompts, generate_kwargs={})   # weights only (group guard)
     method = perplexity_method(config.entry(), config.workload.eval_windows)

@@ -1,0 +1,1 @@
+"""The baseline technique: see ``runner`` (and ``trials.groups`` for its declaration)."""

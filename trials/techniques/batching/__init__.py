@@ -1,0 +1,1 @@
+"""The batching technique: see ``runner`` (and ``trials.groups`` for its declaration)."""

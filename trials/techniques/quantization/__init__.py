@@ -1,0 +1,1 @@
+"""The quantization technique: see ``runner`` (and ``trials.groups`` for its declaration)."""

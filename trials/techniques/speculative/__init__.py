@@ -1,0 +1,1 @@
+"""The speculative technique: see ``runner`` (and ``trials.groups`` for its declaration)."""

@@ -1,0 +1,1 @@
+"""The stacks technique: see ``runner`` (and ``trials.groups`` for its declaration)."""
