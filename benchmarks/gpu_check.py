@@ -511,7 +511,7 @@ def transformers_compat() -> list[str]:
     the project's code path reads, in this process only, and only where the installed version lacks
     them; each adaptation is reported. ``--no-compat`` leaves transformers as it is.
 
-    * ``generate()``'s output calls its cache ``cache`` in 5.24 (``trials.loop._generate`` reads
+    * ``generate()``'s output calls its cache ``cache`` in 5.24 (``trials.engines.transformers.generation.generate_batch`` reads
       ``out.cache``); 5.17 calls it ``past_key_values``: without this every trial fails.
     * a model's forward takes ``cache=`` in 5.24 (``trials.techniques.kv_cache.runner.teacher_forced_logprobs``); 5.17
       takes ``past_key_values=`` and silently ignores an unknown ``cache=``, so each teacher-forced

@@ -22,8 +22,9 @@ import tracking
 from sweeps.spaces import PROFILES, kv_cache as kv_cache_space, kv_caches
 from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
-from trials.techniques.kv_cache.runner import (cache_config, check_model, expected_bytes, require_backend,
-                             residual_tokens)
+from trials.engines.transformers.arguments import cache_config
+from trials.engines.transformers.kv_cache import require_backend
+from trials.techniques.kv_cache.runner import check_model, expected_bytes, residual_tokens
 from trials.measurement.kv_footprint import kv_footprint
 from trials.measurement.instruments import kv_cache_bytes
 from trials.prompts import extend_to_tokens, workload_prompts
@@ -341,7 +342,7 @@ def test_an_interrupted_quanto_build_does_not_hang_the_next_trial():
     build = Path(get_extension("quanto_cpp").build_directory)
     build.mkdir(parents=True, exist_ok=True)
     (build / "lock").touch()                   # what an interrupted first build leaves
-    code = "from trials.techniques.kv_cache.runner import build_quanto_kernels; build_quanto_kernels('cpu'); print('ready')"
+    code = "from trials.engines.transformers.kv_cache import build_quanto_kernels; build_quanto_kernels('cpu'); print('ready')"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ready", done.stderr[-2000:]
     assert "removed the build lock" in done.stderr

@@ -202,7 +202,7 @@ def test_nf4_layers_bitsandbytes_cannot_repack_keep_the_generic_path(tmp_path):
 
     def load():
         return AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quantized_weights.bnb_config(
-            "nf4", torch.float32), dtype=torch.float32, device_map="cpu").eval()
+            "nf4", "fp32"), dtype=torch.float32, device_map="cpu").eval()
 
     if has_avx512bf16():
         with pytest.raises(RuntimeError, match="is invalid for input of size"), torch.inference_mode():

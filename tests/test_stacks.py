@@ -209,7 +209,7 @@ def test_compiled_kernels_are_cached_per_cpu_capability(tmp_path, monkeypatch):
     import sys
 
     from conftest import ROOT
-    from trials.techniques.stacks import compiled
+    from trials.engines.transformers import compiled
     code = ("from trials import compiled\n"
             "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
             "cache_dir()\n"                                   # inductor writes its default, as a load does
@@ -229,7 +229,7 @@ def test_a_compile_that_gave_up_and_ran_eagerly_is_said_so():
     code runs eagerly. The trial's record must say so instead of calling the number compiled."""
     import torch
 
-    from trials.techniques.stacks.compiled import compile_record, dynamo_counts
+    from trials.engines.transformers.compiled import compile_record, dynamo_counts
 
     class Holder:
         length = 0
@@ -244,6 +244,32 @@ def test_a_compile_that_gave_up_and_ran_eagerly_is_said_so():
     assert metrics["compile_graphs"] >= 8 and tags["compile_fallback"].startswith("eager after")
     metrics, tags = compile_record(dynamo_counts())
     assert metrics["compile_graphs"] == 0 and tags["compile_fallback"] == "none"
+
+
+def test_the_code_a_card_shows_is_the_arguments_the_trial_ran_with(stacks_store):
+    """One description (trials.engines.transformers.arguments) is both what generate() got and the
+    code a user is shown: every run records it (tag user_code), the card shows that, and preparing
+    the same config again gives exactly the described keywords with the described values."""
+    from dashboard.sections.stacks import reproduce, trial_config
+    from trials.engines.transformers.arguments import Literal, as_code, stack_arguments
+    from trials.engines.transformers.generation import prepare
+    from trials.loop import trial_prompts
+
+    frame = tracking.runs_frame(stacks_store, "stacks")
+    assert len(frame) >= 8
+    for _, row in frame.iterrows():
+        config = trial_config(row)
+        described = stack_arguments(config.stack, "fp32")          # tiny-gqa: no sliding layers, one tokenizer
+        assert reproduce(row)[1] == row["tags.user_code"] == as_code(described), row["tags.stack_name"]
+        loaded = loading.load(config.entry(), config.stack.precision, config.device)
+        prepared = prepare(config, loaded, trial_prompts(config, loaded))
+        assert prepared.code == row["tags.user_code"]
+        assert set(prepared.kwargs) == set(described.generate), row["tags.stack_name"]
+        for name, value in described.generate.items():
+            if isinstance(value, Literal):
+                assert prepared.kwargs[name] == value.value, (row["tags.stack_name"], name)
+    assert frame["tags.user_code"].str.contains("BitsAndBytesConfig\\(load_in_4bit=True").any()
+    assert frame["tags.user_code"].str.contains("assistant_model=draft|prompt_lookup_num_tokens").any()
 
 
 def test_the_three_pieces_plot_the_store(stacks_store):

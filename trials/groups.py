@@ -8,13 +8,11 @@ is declared once, in ``GROUPS`` below, with
 * ``guard``: why a stack does not belong to the group (checked when a ``TrialConfig`` is built, so a
   bad combination fails before a sweep starts), or ``None`` when it does;
 * ``runner``: the function running one trial, ``(TrialConfig, Runtime) -> TrialResult``;
-* ``generate_hook``: what the technique adds to ``generate()`` for a stack that uses it, so that a
-  combined stack gets every technique's arguments (``generate_kwargs``);
 * ``reference``: what the group compares a trial with, and how often a worker measures it;
 * ``space`` and ``section``: where the group's trials are listed (``sweeps.spaces``) and drawn
   (``dashboard.sections``).
 
-Runners, hooks, spaces and sections are ``"module:attr"`` strings, resolved on use: this module is
+Runners, spaces and sections are ``"module:attr"`` strings, resolved on use: this module is
 imported by the dashboard and the sweep driver, which must not import torch or the measurement loop
 (only a trial's worker does). Everything else is plain data. Adding a technique = one technique
 module in ``trials/``, one section module in ``dashboard/sections/``, one space function in
@@ -67,7 +65,6 @@ class Group:
     space: str | None                  # "sweeps.spaces:function"; None: no trials yet
     section: str                       # "dashboard.sections.<module>"
     reference: str                     # what a trial is compared with, and how it is memoized
-    generate_hook: str | None = None   # "module:function" (config, loaded) -> generate() kwargs
     space_reads_store: bool = False    # the space takes ``uri=``: it plans from what the store holds
 
     @property
@@ -108,14 +105,12 @@ GROUPS: tuple[Group, ...] = (
           guard=_speculative_guard,
           runner="trials.techniques.speculative.runner:run_speculative", space="sweeps.spaces:speculative",
           section="dashboard.sections.speculative",
-          generate_hook="trials.techniques.speculative.runner:generate_kwargs",
           reference="the same prompts without speculation, measured once per worker, model and "
                     "workload, reused for 15 minutes (tag baseline_source)"),
     Group("kv_cache", "KV-cache quantization: 16/8/4/2-bit caches at growing contexts",
           guard=_kv_cache_guard,
           runner="trials.techniques.kv_cache.runner:run_kv_cache", space="sweeps.spaces:kv_cache",
           section="dashboard.sections.kv_cache",
-          generate_hook="trials.techniques.kv_cache.runner:generate_kwargs",
           reference="the full-precision cache on the same prompts, measured once per worker, model "
                     "and workload, reused for 30 minutes (tag reference_source)"),
     Group("batching", "Static batching: B rows per decode step, up to the memory boundary",
@@ -133,7 +128,6 @@ GROUPS: tuple[Group, ...] = (
     Group("stacks", "How much did optimizations help? Techniques combined in one trial",
           guard=lambda stack: SPEC_NEEDS_CROP if stack.kv_bits != 16 and stack.speculation != "none" else None,
           runner="trials.techniques.stacks.runner:run_stack", space="sweeps.spaces:stacks", space_reads_store=True,
-          generate_hook="trials.techniques.stacks.compiled:generate_kwargs",
           section="dashboard.sections.stacks",
           reference="the base stack (fast precision, full cache, no speculation) for speed and memory "
                     "(tag baseline_source), the reference precision's greedy outputs and "
@@ -161,13 +155,3 @@ def resolve(pointer: str):
     module, _, attr = pointer.partition(":")
     loaded = importlib.import_module(module)
     return getattr(loaded, attr) if attr else loaded
-
-
-def generate_kwargs(config, loaded) -> dict:
-    """Every technique's ``generate()`` arguments for ``config``'s stack, combined (a hook returns
-    ``{}`` for a stack that does not use its technique)."""
-    kwargs: dict = {}
-    for group in GROUPS:
-        if group.generate_hook:
-            kwargs.update(resolve(group.generate_hook)(config, loaded))
-    return kwargs

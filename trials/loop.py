@@ -1,13 +1,13 @@
 """THE measurement loop: what every technique composes, and nothing technique-specific.
 
-    load (``trials.models.loading.load``, cached per worker) -> warm up -> for each repeat, for each batch
-    of prompts: generate greedily a fixed number of tokens, stamping prefill (TTFT) and decode
-    -> medians and spread over repeats, peak memory, real weight and KV-cache bytes
+    load (``trials.models.loading.load``, cached per worker) -> warm up -> for each repeat, for each
+    batch of prompts: the engine generates greedily a fixed number of tokens, stamping prefill (TTFT)
+    and decode -> medians and spread over repeats, peak memory, real weight and KV-cache bytes
 
-Every optimization changes only how the model is loaded (``trials.models.loading.load``) or which arguments
-``generate()`` gets (its technique's generate hook, handed to ``measure`` as ``generate_kwargs``);
-the timing, counting and memory code below is shared by all of them, so numbers of different
-optimizations are comparable. A technique's runner (``trials.groups``) composes the same pieces:
+Every optimization changes only how the model is loaded (``trials.models.loading.load``) or which
+arguments the engine's ``generate()`` gets (``trials.engines.transformers.generation.prepare``,
+handed to ``measure`` as ``generate_kwargs``); the timing, counting and memory code below is shared
+by all of them, so numbers of different optimizations are comparable. A technique's runner (``trials.groups``) composes the same pieces:
 ``loading.load`` -> ``measure`` -> ``compare_outputs`` -> ``finish``, and adds its own measurements.
 Generation is greedy with ``min_new_tokens`` equal to ``max_new_tokens``: every configuration
 produces the same number of tokens, and outputs of two configurations can be compared token for
@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trials.models import loading
 from trials.config import Runtime, TrialConfig
-from trials.measurement.environment import environment_tags
+from trials.engines.transformers.generation import BatchRecord, generate_batch
 from trials.errors import ConfigError
-from trials.stats.factorial import t_interval
+from trials.measurement.environment import environment_tags
 from trials.measurement.hardware import precision_is_native
+from trials.measurement.instruments import PeakMemory, TokenTimer, model_weights_bytes, track_peak_memory
 from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
-from trials.measurement.instruments import (PeakMemory, TokenTimer, kv_cache_bytes, model_weights_bytes,
-                            track_peak_memory)
+from trials.models import loading
 from trials.prompts import Prompt, as_chat, extend_to_tokens, workload_prompts
+from trials.stats.factorial import t_interval
 
 WARMUP_TOKENS = 2
 
@@ -59,55 +59,8 @@ class TrialResult:
                 "error": self.error, "raw": self.raw}
 
 
-@dataclass
-class BatchRecord:
-    prompt_ids: list[str]
-    prompt_tokens: int          # longest prompt in the batch (rows are left-padded to it)
-    ttft_s: float
-    decode_s: float
-    new_tokens: int             # per row
-    decode_tokens: int          # per row, after the first
-    kv_cache_bytes: int
-    kv_cache_tokens: int
-    output_ids: list[list[int]]
-    texts: list[str]
-
-
-class PerCall:
-    """A ``generate()`` argument made afresh for every call, e.g. a cache object (``make()``)."""
-
-    def __init__(self, make):
-        self.make = make
-
-
 def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
     return [prompts[i:i + size] for i in range(0, len(prompts), size)]
-
-
-def _generate(loaded: loading.LoadedModel, batch: list[Prompt], new_tokens: int,
-              timer: TokenTimer, generate_kwargs: dict) -> BatchRecord:
-    tokenizer, model = loaded.tokenizer, loaded.model
-    texts = [p.text for p in batch]
-    # A chat template writes its own BOS where the model wants one; the tokenizer must not add another.
-    templated = bool(tokenizer.bos_token) and all(t.startswith(tokenizer.bos_token) for t in texts)
-    inputs = tokenizer(texts, return_tensors="pt", padding=True,
-                       add_special_tokens=not templated).to(loaded.device)
-    generate_kwargs = {k: v.make() if isinstance(v, PerCall) else v for k, v in generate_kwargs.items()}
-    timer.reset()
-    out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                         do_sample=False, streamer=timer, return_dict_in_generate=True,
-                         pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
-    prompt_len = inputs["input_ids"].shape[1]
-    generated = out.sequences[:, prompt_len:]
-    cache = getattr(out, "cache", None) or out.past_key_values   # transformers < 5.18 names it so
-    return BatchRecord(
-        prompt_ids=[p.id for p in batch], prompt_tokens=prompt_len,
-        ttft_s=timer.ttft_s, decode_s=timer.decode_s,
-        new_tokens=generated.shape[1], decode_tokens=timer.decode_tokens,
-        kv_cache_bytes=kv_cache_bytes(cache), kv_cache_tokens=int(cache.get_seq_length()),
-        output_ids=generated.tolist(),
-        texts=tokenizer.batch_decode(generated, skip_special_tokens=True),
-    )
 
 
 def _spread(values: list[float], name: str) -> dict[str, float]:
@@ -191,7 +144,7 @@ def measure(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prom
     """THE loop: warm up every batch shape, then ``repeats`` timed passes over all prompts.
 
     ``generate_kwargs`` is what the stack adds to greedy ``generate()`` (``{}`` for none): the
-    caller's technique builds it (its generate hook), so the loop never needs to know techniques.
+    engine prepares it from the stack, so the loop never needs to know techniques.
 
     ``probe`` is an optional context manager entered around the timed passes only (e.g. counters of
     target and draft forward passes), so that warm-up never pollutes what it counts.
@@ -201,10 +154,10 @@ def measure(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prom
     started = time.perf_counter()
     with torch.inference_mode():
         for batch in batches:  # every prompt shape once: lazy init and per-shape kernel choice
-            _generate(loaded, batch, WARMUP_TOKENS, timer, generate_kwargs)
+            generate_batch(loaded, batch, WARMUP_TOKENS, timer, generate_kwargs)
         warmup_s = time.perf_counter() - started
         with track_peak_memory(config.device) as peak, probe or contextlib.nullcontext():
-            records = [[_generate(loaded, b, config.workload.max_new_tokens, timer, generate_kwargs)
+            records = [[generate_batch(loaded, b, config.workload.max_new_tokens, timer, generate_kwargs)
                         for b in batches] for _ in range(repeats or config.repeats)]
     return Measured(records, warmup_s, time.perf_counter() - started, peak)
 

@@ -15,6 +15,7 @@ together, ``trials.techniques.stacks.runner``), never a sum of separate trials. 
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from dataclasses import fields
@@ -25,7 +26,8 @@ from plotly.colors import qualitative
 
 from dashboard.sections.common import TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, has, latest
 from trials.config import Stack, TrialConfig, Workload
-from trials.models.registry import entry_from_dict
+from trials.engines.transformers.arguments import as_code, stack_arguments
+from trials.models.registry import entry_from_dict, reference_precision
 from trials.stats.factorial import effects, factor_columns
 from trials.groups import SPEC_NEEDS_CROP
 
@@ -212,26 +214,14 @@ def trial_config(row: pd.Series) -> TrialConfig:
 
 
 def reproduce(row: pd.Series) -> tuple[str, str]:
-    """(the command that reruns this trial, the arguments that turn the stack on in user code)."""
+    """(the command that reruns this trial, the code that turns the stack on): the code the trial
+    recorded from the arguments it ran with (tag ``user_code``), else the same description rendered
+    for the stack (runs logged before the tag existed)."""
     config = trial_config(row)
     command = f"python -m trials.run --config '{json.dumps(config.to_dict())}'"
-    stack, load, generate = config.stack, [], []
-    if stack.precision in ("nf4", "int8"):
-        bnb = 'load_in_4bit=True, bnb_4bit_quant_type="nf4"' if stack.precision == "nf4" else "load_in_8bit=True"
-        load.append(f"quantization_config=BitsAndBytesConfig({bnb})")
-    elif stack.precision in ("bf16", "fp16", "fp32"):
-        load.append(f"dtype=torch.{dict(bf16='bfloat16', fp16='float16', fp32='float32')[stack.precision]}")
-    if stack.kv_bits != 16:
-        settings = {"backend": stack.kv_backend, "nbits": stack.kv_bits,
-                    "q_group_size": stack.kv_group_size, "residual_length": stack.kv_residual_length}
-        generate.append(f'cache_implementation="quantized", cache_config={json.dumps(settings)}')
-    if stack.speculation == "draft":
-        generate.append(f"assistant_model=<{stack.draft_model}>, num_assistant_tokens={stack.num_draft_tokens}")
-    elif stack.speculation == "prompt_lookup":
-        generate.append(f"prompt_lookup_num_tokens={stack.num_draft_tokens}")
-    if stack.compile:
-        generate.append('cache_implementation="static", compile_config=CompileConfig()')
-    code = f"from_pretrained(..., {', '.join(load)}); generate(..., {', '.join(generate) or 'do_sample=False'})"
+    code = row.get("tags.user_code")
+    if not isinstance(code, str) or not code:
+        code = as_code(stack_arguments(config.stack, reference_precision(config.entry(), config.device)))
     return command, code
 
 
@@ -254,7 +244,7 @@ def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame,
                         f"speed, x{float(row.get('memory_vs_baseline', float('nan'))):.2f} memory vs the base stack "
                         f"measured in the same worker; {_quality(row)}")
         cells[2].append(command)
-        cells[3].append(code)
+        cells[3].append(html.escape(code).replace("\n", "<br>"))
     if not picks and not rows.empty:
         closest = rows.loc[pd.to_numeric(rows.get("fidelity_token_match"), errors="coerce").fillna(-1).idxmax()]
         cells[0].append("nothing within the budget")

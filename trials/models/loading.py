@@ -28,6 +28,8 @@ from trials.models import quantized_weights
 from trials.models import zoo
 from trials.errors import ConfigError
 from trials.measurement.hardware import DTYPES
+from trials.engines.transformers.arguments import load_arguments
+from trials.engines.transformers.materialize import materialize_all
 from trials.models.registry import ModelEntry, get_model
 from trials.worker import WORKER, model_cache_size
 
@@ -94,9 +96,9 @@ def _load_uncached(entry: ModelEntry, precision: str, device: str) -> LoadedMode
     if precision in QUANTIZED:
         model = quantized_weights.load_quantized(entry, precision, device, tokenizer)
     else:
+        arguments = materialize_all(load_arguments(precision, precision))   # dtype=...
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=DTYPES[precision], trust_remote_code=entry.trust_remote_code
-        ).to(device)
+            path, **arguments, trust_remote_code=entry.trust_remote_code).to(device)
     model.eval()
     load_s = time.perf_counter() - started
     log.info("loaded %s (%s, %s) in %.1fs", name, precision, device, load_s)

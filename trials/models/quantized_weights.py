@@ -38,6 +38,8 @@ from trials.models.corpus import SOURCES, Document, build_corpus
 from trials.errors import ConfigError
 from trials.measurement.hardware import DTYPES
 from trials.measurement.perplexity import split_windows, token_stream
+from trials.engines.transformers.arguments import load_arguments
+from trials.engines.transformers.materialize import materialize, materialize_all
 from trials.models.registry import ModelEntry, perplexity_method, reference_precision
 from trials.worker import WORKER
 
@@ -76,13 +78,10 @@ def load_quantized(entry: ModelEntry, precision: str, device: str, tokenizer) ->
     return _load_bnb(entry, precision, device)
 
 
-def bnb_config(precision: str, dtype: torch.dtype):
-    from transformers import BitsAndBytesConfig
-
-    if precision == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                              bnb_4bit_compute_dtype=dtype)
+def bnb_config(precision: str, reference: str):
+    """bitsandbytes' config for int8 / NF4 weights computing in ``reference`` (a precision name):
+    the stack's description (``trials.engines.transformers.arguments``), materialized."""
+    return materialize(load_arguments(precision, reference)["quantization_config"])
 
 
 def _load_bnb(entry: ModelEntry, precision: str, device: str) -> torch.nn.Module:
@@ -91,10 +90,9 @@ def _load_bnb(entry: ModelEntry, precision: str, device: str) -> torch.nn.Module
     # LLM.int8 logs a warning on every matmul whose input is not fp16: on CPU that is every one,
     # and emitting it would be timed as decode.
     logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
-    dtype = compute_dtype(entry, device)
-    model = AutoModelForCausalLM.from_pretrained(
-        entry.path(), quantization_config=bnb_config(precision, dtype), dtype=dtype,
-        device_map=device, trust_remote_code=entry.trust_remote_code)
+    arguments = materialize_all(load_arguments(precision, reference_precision(entry, device)))
+    model = AutoModelForCausalLM.from_pretrained(entry.path(), **arguments, device_map=device,
+                                                 trust_remote_code=entry.trust_remote_code)
     if precision == "nf4" and device == "cpu":
         unpackable, total = avoid_unpackable_cpu_layers(model)
         WORKER.load_notes[(entry, precision, device)] = {"nf4_cpu_kernel": (

@@ -47,6 +47,7 @@ from trials.models import loading
 from trials.config import Runtime, TrialConfig, human_bytes, parse_memory_budget
 from trials.errors import ConfigError
 from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
+from trials.engines.transformers.generation import prepare
 from trials.loop import OOM, TrialResult, free_memory, compare_outputs, failed_result, finish, measure, trial_prompts
 from trials.measurement.instruments import model_weights_bytes
 from trials.prompts import Prompt
@@ -382,7 +383,7 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
              "decode_bytes_per_step": step_bytes,
              "roofline_tok_per_s": roofline_tok_per_s(batch, bandwidth, step_bytes)}
     tags = {"batch1_reference": source, "roofline_kv_source": step_source,
-            "bandwidth_source": bandwidth_source,
+            "bandwidth_source": bandwidth_source, "user_code": prepare(config, loaded, prompts).code,
             "prompt_rule": f"every prompt cut to {prompt_tokens} tokens (the shortest), end kept; "
                            f"{len(rows)} rows from {len(prompts)} prompts"}
     result = finish(config, runtime, loaded, measured, extra, tags,

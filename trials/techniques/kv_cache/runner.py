@@ -4,7 +4,7 @@ The cache grows by ``2 x layers x kv_heads x head_dim`` elements per token, so a
 large batches it, not the weights, fills memory. transformers' ``QuantizedCache`` (KIVI-style)
 stores it in 8/4/2 bits, group-wise, with one of two backends: HQQ (8/4/2 bits) or optimum-quanto
 (4/2 bits). ``generate(cache_implementation="quantized", cache_config=...)`` is all a stack changes
-(``generate_kwargs``); timing and memory come from the shared loop (``trials.loop.measure``).
+(the engine's arguments, ``trials.engines.transformers``); timing and memory come from the shared loop (``trials.loop.measure``).
 
 How that cache stores what it holds (read from transformers' ``QuantizedLayer``, checked by walking
 the real tensors, ``trials.measurement.instruments.kv_cache_bytes``): the prompt is quantized whole at prefill;
@@ -44,131 +44,22 @@ in the trial, which the sweep records as a FAILED run with that reason.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import logging
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
-from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
+from trials.engines.transformers.generation import prepare
+from trials.engines.transformers.kv_cache import HYBRID_NOTE, cache_kwarg, has_sliding_layers, make_cache
 from trials.errors import ConfigError
+from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.measurement.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
-from trials.loop import Measured, PerCall, TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.models import loading
 from trials.prompts import Prompt
 from trials.worker import WORKER
 
-log = logging.getLogger(__name__)
-BACKEND_PACKAGES = {"hqq": ("hqq", "hqq"), "quanto": ("optimum.quanto", "optimum-quanto")}
 REFERENCE_MAX_AGE_S = 30 * 60
-
-
-# ------------------------------------------------------------------------------ the stack
-
-def require_backend(backend: str) -> None:
-    """Raise ``ConfigError`` naming the pip package when the backend cannot be imported here."""
-    module, package = BACKEND_PACKAGES[backend]
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(f"KV backend {backend!r} needs the {package!r} package, which this worker "
-                          f"cannot import ({type(exc).__name__}); pip install {package}") from None
-
-
-# quanto compiles its C++ kernels on first use (~1 min on 2 cores) under torch's build lock, a plain
-# file that a build interrupted by Ctrl-C or a killed worker leaves behind; every later build, and
-# every later load (torch takes the lock to check the build), then waits on it forever, silently.
-QUANTO_KERNELS = {"cpu": "quanto_cpp", "cuda": "quanto_cuda"}
-
-
-def build_quanto_kernels(device: str) -> None:
-    """Build (or load) quanto's kernels for ``device`` before a cache needs them, one process at a
-    time under an ``flock``, which the kernel releases when its holder dies: whoever holds it knows
-    that a torch lock left in the build folder is stale, and removes it."""
-    import fcntl
-
-    from optimum.quanto.library.extensions import get_extension, is_extension_available
-
-    name = QUANTO_KERNELS.get(device.split(":")[0])
-    if name is None or not is_extension_available(name):
-        return
-    extension = get_extension(name)
-    build = Path(extension.build_directory)
-    build.mkdir(parents=True, exist_ok=True)
-    with open(build.parent / "build.flock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        if clear_stale_build_lock(build):
-            log.warning("removed the build lock an interrupted build of %s left in %s; building it again",
-                        name, build)
-        extension.lib
-
-
-def clear_stale_build_lock(build_directory: Path) -> bool:
-    """Remove torch's ``lock`` in ``build_directory``; call it only under ``build_quanto_kernels``'
-    flock (no build of ours is running then). True if there was one."""
-    lock = build_directory / "lock"
-    if not lock.exists():
-        return False
-    lock.unlink(missing_ok=True)
-    return True
-
-
-def cache_config(stack: Stack) -> dict:
-    """transformers' ``cache_config`` for the stack's quantized cache."""
-    return {"backend": stack.kv_backend, "nbits": stack.kv_bits, "q_group_size": stack.kv_group_size,
-            "residual_length": stack.kv_residual_length}
-
-
-def _layer_types(model: torch.nn.Module) -> list[str]:
-    text_config = model.config.get_text_config(decoder=True)
-    return list(getattr(text_config, "layer_types", None) or ["full_attention"] * text_config.num_hidden_layers)
-
-
-def has_sliding_layers(model: torch.nn.Module) -> bool:
-    return any(t != "full_attention" for t in _layer_types(model))
-
-
-def generate_kwargs(config: TrialConfig, loaded: loading.LoadedModel) -> dict:
-    """What ``generate()`` needs for the stack's KV cache (nothing for the full-precision one).
-
-    transformers' ``QuantizedCache`` refuses models with sliding-window layers (Gemma-3: 5 of every 6
-    layers); for those the trial hands ``generate()`` a fresh ``make_cache`` per call: quantized
-    full-attention layers, sliding layers kept in full precision (``HYBRID_NOTE``)."""
-    stack = config.stack
-    if stack.kv_bits == 16:
-        return {}
-    require_backend(stack.kv_backend)
-    if stack.kv_backend == "quanto":
-        build_quanto_kernels(loaded.device)
-    if has_sliding_layers(loaded.model):
-        return {cache_kwarg(loaded.model): PerCall(lambda: make_cache(stack, loaded.model))}
-    return {"cache_implementation": "quantized", "cache_config": cache_config(stack)}
-
-
-HYBRID_NOTE = ("sliding-window layers keep their window in full precision (DynamicSlidingWindowLayer: "
-               "QuantizedCache takes full-attention layers only); only full-attention layers are quantized")
-
-
-def make_cache(stack: Stack, model: torch.nn.Module):
-    """A fresh cache object of the kind ``generate()`` builds for this stack; for a model with
-    sliding-window layers, a hybrid: quantized full-attention layers, full-precision sliding ones."""
-    from transformers import DynamicCache, QuantizedCache
-    from transformers.cache_utils import Cache, DynamicSlidingWindowLayer, HQQQuantizedLayer, QuantoQuantizedLayer
-
-    text_config = model.config.get_text_config(decoder=True)
-    if stack.kv_bits == 16:
-        return DynamicCache(config=text_config)
-    settings = cache_config(stack)
-    backend = settings.pop("backend")
-    if not has_sliding_layers(model):
-        return QuantizedCache(backend=backend, config=text_config, **settings)
-    quantized = {"hqq": HQQQuantizedLayer, "quanto": QuantoQuantizedLayer}[backend]
-    return Cache(layers=[quantized(**settings) if kind == "full_attention"
-                         else DynamicSlidingWindowLayer(sliding_window=text_config.sliding_window)
-                         for kind in _layer_types(model)])
 
 
 def check_model(config: TrialConfig, model_config) -> KVFootprint:
@@ -248,12 +139,6 @@ def expected_bytes(footprint: KVFootprint, stack: Stack, cached_tokens: int, pro
 def forced_length(config: TrialConfig, prompt_tokens: int) -> int:
     """How many of a prompt's last tokens are teacher-forced: ``max_new_tokens``, leaving a prefix."""
     return max(1, min(config.workload.max_new_tokens, prompt_tokens - 1))
-
-
-def cache_kwarg(model: torch.nn.Module) -> str:
-    """The forward's name for the cache: ``cache`` (transformers >= 5.18), else ``past_key_values``
-    (older versions ignore an unknown ``cache=`` silently, which would drop the prefix)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def teacher_forced_logprobs(loaded: loading.LoadedModel, stack: Stack, prompt: Prompt,
@@ -356,7 +241,8 @@ def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     loaded = loading.load(config.entry(), stack.precision, config.device)
     footprint = check_model(config, loaded.model.config)
     prompts = trial_prompts(config, loaded)
-    measured = measure(config, loaded, prompts, generate_kwargs=generate_kwargs(config, loaded))
+    prepared = prepare(config, loaded, prompts)
+    measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs)
     ref, source = reference(config, loaded, prompts, measured if stack.kv_bits == 16 else None)
     if stack.kv_bits == 16:
         logprobs, targets = ref.logprobs, ref.targets
@@ -366,7 +252,8 @@ def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
                **quality_metrics(ref.logprobs, logprobs, targets),
                **byte_metrics(footprint, config, loaded, measured)}
     result = finish(config, runtime, loaded, measured, metrics=metrics,
-                    tags={"reference_source": source, "kv_cache_method": _method(stack, loaded)})
+                    tags={"reference_source": source, "kv_cache_method": _method(stack, loaded),
+                          "user_code": prepared.code})
     measured_bytes, expected = result.metrics["kv_cache_bytes"], metrics["kv_cache_bytes_expected"]
     result.metrics["kv_cache_bytes_vs_expected"] = measured_bytes / expected if expected else 1.0
     if result.metrics.get("kv_cache_bytes_exact"):

@@ -50,6 +50,7 @@ import torch
 from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
 from trials.measurement.hardware import DTYPES
+from trials.engines.transformers.generation import prepare
 from trials.loop import TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.measurement.perplexity import Perplexity, PerplexityMethod, perplexity
 from trials.prompts import Prompt
@@ -122,7 +123,8 @@ def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
     stack = config.stack
     loaded = loading.load(config.entry(), stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
-    measured = measure(config, loaded, prompts, generate_kwargs={})   # weights only (group guard)
+    prepared = prepare(config, loaded, prompts)                       # weights only (group guard)
+    measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs)
     method = perplexity_method(config.entry(), config.workload.eval_windows)
     quality = perplexity(loaded.model, loaded.tokenizer, method)
     this_trial = None
@@ -149,6 +151,7 @@ def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
             "compute_dtype": str(dtype).removeprefix("torch."),
             "quantizer": QUANTIZERS.get(stack.precision, "none"),
             "perplexity_method": method.describe(), "perplexity_corpus_hash": quality.corpus_hash,
+            "user_code": prepared.code,
             **WORKER.load_notes.get((config.entry(), stack.precision, config.device), {})}
     result = finish(config, runtime, loaded, measured, metrics=metrics, tags=tags)
     result.metrics["bits_per_parameter"] = 8 * result.metrics["weights_bytes"] / reference.num_parameters

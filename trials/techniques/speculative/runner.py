@@ -52,34 +52,16 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
-from trials.errors import ConfigError
+from trials.engines.transformers.generation import prepare
+from trials.engines.transformers.speculation import load_draft, same_vocabulary
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.models import loading
 from trials.prompts import Prompt
 from trials.stats.theory import leviathan
 from trials.worker import WORKER
 
 BASELINE_MAX_AGE_S = 15 * 60
-
-
-# ------------------------------------------------------------------------------ generate kwargs
-
-def load_draft(config: TrialConfig, target: loading.LoadedModel) -> loading.LoadedModel:
-    """The trial's draft model.
-
-    A model used as its own draft (the test of the counting: acceptance must be exactly 1) gets a
-    separate copy, so that its passes as a draft are not counted as target passes.
-    """
-    if config.stack.draft_model == config.model:
-        return loading.load_copy(config.entry(), config.stack.precision, config.device)
-    return loading.load(config.entry(config.stack.draft_model), config.stack.precision, config.device)
-
-
-def same_vocabulary(draft: loading.LoadedModel, target: loading.LoadedModel) -> bool:
-    """Same token ids (plain assisted generation), else the draft's text is re-tokenized."""
-    return (draft.model.config.vocab_size == target.model.config.vocab_size
-            and draft.tokenizer.get_vocab() == target.tokenizer.get_vocab())
 
 
 def method(config: TrialConfig, target: loading.LoadedModel) -> str:
@@ -91,31 +73,6 @@ def method(config: TrialConfig, target: loading.LoadedModel) -> str:
         return "assisted generation (draft and target share the vocabulary)"
     return ("universal assisted generation (cross-tokenizer: the draft's tokens are decoded to text and "
             "re-tokenized for the target; counts are in target tokens)")
-
-
-def generate_kwargs(config: TrialConfig, target: loading.LoadedModel) -> dict:
-    """What ``generate()`` needs for the stack's speculation, with a constant k (nothing without).
-    A draft with another tokenizer drafts through transformers' universal assisted generation
-    (``tokenizer`` and ``assistant_tokenizer``)."""
-    stack = config.stack
-    if stack.speculation == "none":
-        return {}
-    if stack.speculation == "prompt_lookup":
-        return {"prompt_lookup_num_tokens": stack.num_draft_tokens}
-    loaded = load_draft(config, target)
-    draft = loaded.model
-    settings = draft.generation_config
-    settings.num_assistant_tokens = stack.num_draft_tokens
-    settings.num_assistant_tokens_schedule = "constant"
-    settings.assistant_confidence_threshold = 0.0
-    if same_vocabulary(loaded, target):
-        return {"assistant_model": draft}
-    if draft.config.vocab_size == target.model.config.vocab_size:
-        # transformers tells the two kinds apart by vocab_size alone: same size, other tokens
-        raise ConfigError(f"draft {stack.draft_model!r} has a different tokenizer than target "
-                          f"{config.model!r} but the same vocab_size; transformers' assisted generation "
-                          "would mix their token ids, and its cross-tokenizer mode needs the sizes to differ")
-    return {"assistant_model": draft, "tokenizer": target.tokenizer, "assistant_tokenizer": loaded.tokenizer}
 
 
 # ------------------------------------------------------------------------------ counting
@@ -279,12 +236,12 @@ def run_speculative(config: TrialConfig, runtime: Runtime) -> TrialResult:
     loaded = loading.load(config.entry(), stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     baseline, source = _baseline(config, loaded, prompts)
-    kwargs = generate_kwargs(config, loaded)
+    prepared = prepare(config, loaded, prompts)
     probe = SpeculationProbe(loaded.model)
-    measured = measure(config, loaded, prompts, generate_kwargs=kwargs, probe=probe)
+    measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs, probe=probe)
     result = finish(config, runtime, loaded, measured,
                     tags={"baseline_source": source, "proposer": stack.draft_model or "prompt lookup",
-                          "speculation_method": method(config, loaded)})
+                          "speculation_method": method(config, loaded), "user_code": prepared.code})
     metrics = speculation_metrics(probe, prompts, stack.num_draft_tokens, config.repeats,
                                   baseline.step_s)
     metrics.update(compare_outputs(measured.outputs(), baseline.measured.outputs()))

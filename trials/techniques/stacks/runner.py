@@ -2,10 +2,10 @@
 
 A stack here is weight precision + KV-cache quantization + speculation + compiled decoding (+ batch
 size), loaded and generated together through the one measurement loop: the weights come quantized
-from ``loading.load``, and ``generate()`` gets every technique's arguments at once
-(``trials.groups.generate_kwargs``: the quantized cache, the draft model or prompt lookup, the static
-cache and compile config of ``trials.techniques.stacks.compiled``). A combination's number is never a sum or product
-of separate trials.
+from ``loading.load``, and ``generate()`` gets every technique's arguments at once (the engine's
+``prepare``: the quantized cache, the draft model or prompt lookup, the static cache and compile
+config of ``trials.engines.transformers.compiled``). A combination's number is never a sum or
+product of separate trials.
 
 Each trial is compared with two references, both measured once per worker, model and workload (and
 reused for ``REFERENCE_MAX_AGE_S``, said in the tags):
@@ -24,18 +24,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trials import groups
-
-from trials.techniques.stacks import compiled
-
-from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
-from trials.stats.factorial import FACTOR_TAG, stack_factors, stack_name
-from trials.measurement.hardware import fast_precision
-from trials.techniques.kv_cache.runner import Reference, check_model, quality_metrics, teacher_forced
+from trials.engines.transformers import compiled
+from trials.engines.transformers.generation import prepare
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
-from trials.prompts import Prompt
+from trials.measurement.hardware import fast_precision
+from trials.models import loading
 from trials.models.registry import reference_precision
+from trials.prompts import Prompt
+from trials.stats.factorial import FACTOR_TAG, stack_factors, stack_name
+from trials.techniques.kv_cache.runner import Reference, check_model, quality_metrics, teacher_forced
 from trials.worker import WORKER
 
 REFERENCE_MAX_AGE_S = 30 * 60
@@ -97,9 +95,9 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     loaded = loading.load(config.entry(), stack.precision, config.device)
     check_model(config, loaded.model.config)       # a cache the quantized backend cannot hold: why
     prompts = trial_prompts(config, loaded)
-    kwargs = groups.generate_kwargs(config, loaded)
+    prepared = prepare(config, loaded, prompts)
     dynamo_before = compiled.dynamo_counts() if stack.compile else None
-    measured = measure(config, loaded, prompts, generate_kwargs=kwargs)
+    measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs)
     ref, ref_source = reference(config, prompts)
     metrics = compare_outputs(measured.outputs(), ref.outputs)
     quantized = stack.kv_bits != 16 or stack.precision != reference_precision(config.entry(), config.device)
@@ -110,7 +108,7 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
                                                 "teacher_forced_top1_match", "teacher_forced_tokens")})
     tags = {"stack_name": stack_name(stack), "reference_source": ref_source,
             "reference_precision": reference_precision(config.entry(), config.device),
-            "parts": describe(config)}
+            "parts": describe(config), "user_code": prepared.code}
     if stack.speculation != "none":
         tags["proposer"] = stack.draft_model or "prompt lookup"
     tags.update({f"{FACTOR_TAG}{name}": str(int(on)) for name, on in stack_factors(stack).items()})

@@ -2,7 +2,8 @@
 
 What GPU users reach for first. ``generate(cache_implementation="static", compile_config=...)``
 preallocates the cache and compiles the model's forward for the one-token decode step (inductor;
-on CPU it generates C++ and needs a compiler, ``g++``). The prefill runs uncompiled.
+on CPU it generates C++ and needs a compiler, ``g++``). The prefill runs uncompiled. The arguments
+are the stack's description (``arguments.COMPILE``); this module gets a trial ready for them.
 
 To compile once per trial rather than once per prompt, the cache is sized for the trial's worst
 case (``max_cache_len``: the longest prompt plus the new tokens), so every call, the loop's warm-up
@@ -31,20 +32,13 @@ from __future__ import annotations
 import os
 import shutil
 
-from trials.models import loading
 from trials.config import TrialConfig
+from trials.engines.transformers.arguments import COMPILE
 from trials.errors import ConfigError
-from trials.loop import trial_prompts
+from trials.models import loading
+from trials.prompts import Prompt
 
-BACKEND, MODE = "inductor", "default"
-
-
-def compile_config():
-    from transformers.generation import CompileConfig
-
-    config = CompileConfig(fullgraph=False, dynamic=None, backend=BACKEND, mode=MODE)
-    config._compile_all_devices = True          # transformers compiles on CUDA only by default
-    return config
+BACKEND, MODE = dict(COMPILE.kwargs)["backend"], dict(COMPILE.kwargs)["mode"]
 
 
 def dynamo_counts() -> tuple[int, int]:
@@ -63,9 +57,8 @@ def compile_record(before: tuple[int, int]) -> tuple[dict, dict]:
     return {"compile_graphs": float(graphs)}, {"compile_fallback": fallback}
 
 
-def max_cache_len(config: TrialConfig, loaded: loading.LoadedModel) -> int:
+def max_cache_len(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prompt]) -> int:
     """The longest prompt of the trial in tokens, plus its new tokens: one cache shape for all."""
-    prompts = trial_prompts(config, loaded)
     longest = max(len(loaded.tokenizer(p.text)["input_ids"]) for p in prompts)
     return longest + config.workload.max_new_tokens
 
@@ -84,16 +77,12 @@ def keep_kernels_per_capability() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
-def generate_kwargs(config: TrialConfig, loaded: loading.LoadedModel) -> dict:
-    """What ``generate()`` needs for compiled decoding (nothing without ``stack.compile``)."""
-    if not config.stack.compile:
-        return {}
+def ready(config: TrialConfig) -> None:
+    """Before compiling: inductor's kernels cached per CPU capability, and a C++ compiler on a CPU."""
     keep_kernels_per_capability()
     if config.device == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("compiled decoding on CPU needs a C++ compiler (inductor generates C++): "
                           "apt-get install g++")
-    return {"cache_implementation": "static", "compile_config": compile_config(),
-            "max_cache_len": max_cache_len(config, loaded)}
 
 
 def describe() -> str:
