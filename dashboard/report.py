@@ -13,21 +13,16 @@ Every figure names its group and model; nothing is printed that the store does n
 from __future__ import annotations
 
 import argparse
-import math
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pandas as pd
 
 import tracking
+from dashboard.sections import SECTIONS
+from dashboard.sections.common import trial_seconds
 from trials import groups
-
-SATURATION_GAIN = 0.05        # a batch "stops gaining" when tok/s rises by less than this over the last
-
-
-def _seconds(frame: pd.DataFrame) -> pd.Series:
-    """Wall time of each trial in its worker (``trial_s``: loading, references and repeats); NaN for
-    runs logged before the metric existed."""
-    return frame["trial_s"] if "trial_s" in frame else pd.Series(float("nan"), index=frame.index)
 
 
 def machine(frames: dict[str, pd.DataFrame]) -> str:
@@ -47,91 +42,9 @@ def trial_times(frames: dict[str, pd.DataFrame]) -> list[str]:
     for group, frame in frames.items():
         if frame.empty:
             continue
-        seconds = _seconds(frame)
+        seconds = trial_seconds(frame)
         lines.append(f"| {group} | {len(frame)} | {seconds.median():.1f} | {seconds.sum() / 60:.1f} |")
     return lines
-
-
-def batching(frame: pd.DataFrame) -> list[str]:
-    """tok/s per batch size, and where one more doubling stops paying (what sizes the quick ladder)."""
-    if frame.empty:
-        return []
-    lines = ["| model | tok/s by batch | stops gaining at |", "| --- | --- | --- |"]
-    for model, part in frame.groupby("model"):
-        by_batch = part.groupby("batch_size")["tok_per_s"].median().sort_index()
-        ladder = ", ".join(f"{int(b)}: {v:.0f}" for b, v in by_batch.items())
-        gains = by_batch.pct_change().dropna()
-        flat = gains[gains < SATURATION_GAIN]
-        stop = f"batch {int(flat.index[0])} (+{flat.iloc[0]:.1%})" if len(flat) else "not within the ladder"
-        growth = by_batch.iloc[0] * by_batch.index / by_batch       # step cost at b over step cost at 1
-        per_row = ((growth - 1) / (by_batch.index - 1)).iloc[1:].median() if len(by_batch) > 1 else float("nan")
-        lines.append(f"| {model} | {ladder} | {stop}; decode step grows ~{per_row:.3f} per extra row |")
-    return lines
-
-
-def speculative(frame: pd.DataFrame) -> list[str]:
-    if frame.empty:
-        return []
-    lines = ["| model | proposer | best k | speedup | alpha | lossless |", "| --- | --- | --- | --- | --- | --- |"]
-    for (model, proposer), part in frame.groupby(["model", "speculation"]):
-        best = part.loc[part["tok_per_s"].idxmax()]
-        lines.append(f"| {model} | {proposer} | {int(best['num_draft_tokens'])} | {best['speedup']:.2f}x | "
-                     f"{best.get('alpha', float('nan')):.2f} | {best['lossless']:.0f} |")
-    return lines
-
-
-def kv_cache(frame: pd.DataFrame) -> list[str]:
-    """Trial seconds per backend at each context (what sizes the quick contexts)."""
-    if frame.empty:
-        return []
-    frame = frame.assign(seconds=_seconds(frame), context=pd.to_numeric(frame["context_tokens"]))
-    lines = ["| model | context | backend | bits | median trial s |", "| --- | --- | --- | --- | --- |"]
-    for (model, context, backend, bits), part in frame.groupby(["model", "context", "kv_backend", "kv_bits"]):
-        lines.append(f"| {model} | {int(context)} | {backend} | {int(bits)} | {part['seconds'].median():.1f} |")
-    return lines
-
-
-def quantization(frame: pd.DataFrame) -> list[str]:
-    if frame.empty:
-        return []
-    lines = ["| model | precision | perplexity (x reference) | weights MiB | tok/s |", "| --- | --- | --- | --- | --- |"]
-    for (model, precision), part in frame.groupby(["model", "precision"]):
-        row = part.sort_values("start_time").iloc[-1]
-        lines.append(f"| {model} | {precision} | {row['perplexity']:.2f} ({row['perplexity_ratio']:.3f}) | "
-                     f"{row['weights_bytes'] / 2**20:.2f} | {row['tok_per_s']:.0f} |")
-    return lines
-
-
-def stacks(frame: pd.DataFrame) -> list[str]:
-    """Each stack per model (tok/s with its 95 % interval, memory, quality), then the effects."""
-    if frame.empty or "tags.stack_name" not in frame:
-        return []
-    from trials.stats.factorial import effects
-
-    # "x base": against the base stack measured in the same worker (speedup_vs_baseline), which is not
-    # the ratio of two rows of this table when the two workers' machines were loaded differently
-    lines = ["| model | stack | tok/s (95 % CI) | x base, same worker | peak MiB | x base, same worker | token match | KL |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    rows = frame.sort_values("start_time").drop_duplicates(["model", "tags.stack_name"], keep="last")
-    for _, r in rows.sort_values(["model", "tok_per_s"], ascending=[True, False]).iterrows():
-        kl = r.get("kl_divergence")
-        lines.append(f"| {r['model']} | {r['tags.stack_name']} | {r['tok_per_s']:.1f} "
-                     f"({r.get('tok_per_s_ci_low', float('nan')):.1f}–{r.get('tok_per_s_ci_high', float('nan')):.1f}) | "
-                     f"{r['speedup_vs_baseline']:.2f} | {r['peak_memory_bytes'] / 2**20:.1f} | "
-                     f"{r['memory_vs_baseline']:.2f} | {r['fidelity_token_match']:.3f} | "
-                     f"{'' if pd.isna(kl) else f'{kl:.4f}'} |")
-    found, notes = effects(frame)
-    lines += ["", "| model | term | x tok/s (95 % CI) | significant | x peak memory |", "| --- | --- | --- | --- | --- |"]
-    memory = {(e.model, e.term): e.ratio for e in found if e.response == "peak_memory_bytes"}
-    for e in (e for e in found if e.response == "tok_per_s"):
-        lines.append(f"| {e.model} | {e.term} | {e.ratio:.3f} ({math.exp(e.ci_low):.3f}–{math.exp(e.ci_high):.3f}) | "
-                     f"{'yes' if e.significant else 'no'} | {memory[(e.model, e.term)]:.3f} |")
-    lines += [f"\n{model}: {note}" for model, note in notes.items()]
-    return lines
-
-
-SECTIONS = {"batching": batching, "speculative": speculative, "kv_cache": kv_cache,
-            "quantization": quantization, "stacks": stacks}
 
 
 def group_frames(uri: str) -> dict[str, pd.DataFrame]:
@@ -142,11 +55,21 @@ def group_frames(uri: str) -> dict[str, pd.DataFrame]:
 def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
     """The store's figures as Markdown, from ``group_frames(uri)``."""
     out = [f"Measured in `{uri}`: {machine(frames)}", "", *trial_times(frames)]
-    for name, section in SECTIONS.items():
-        lines = section(frames[name])
+    for section in SECTIONS:                 # each section's own table, where it has one
+        lines = section.report(frames[section.GROUP]) if hasattr(section, "report") else []
         if lines:
-            out += ["", f"**{groups.get(name).title}** (`{name}`)", "", *lines]
+            out += ["", f"**{groups.get(section.GROUP).title}** (`{section.GROUP}`)", "", *lines]
     return "\n".join(out) + "\n"
+
+
+def results_page(uri: str, frames: dict[str, pd.DataFrame], command: str) -> str:
+    """The results page: when, by which command and code it was generated, then ``report``."""
+    shas = sorted({str(s)[:12] for f in frames.values() if "tags.env.git_sha" in f for s in f["tags.env.git_sha"].dropna()})
+    header = ["# Results", "",
+              f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}`, from the runs of "
+              f"git {', '.join(shas) or 'unknown'}. Regenerate it with the same command; do not edit it by hand.",
+              ""]
+    return "\n".join(header) + report(uri, frames)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--tracking-uri", default=None,
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
+    parser.add_argument("--out", default=None, metavar="FILE",
+                        help="write the results page (a header saying when, how and from which code) to FILE")
     args = parser.parse_args(argv)
     try:
         uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
@@ -164,7 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     except tracking.TrackingError as exc:
         print(f"llm-report: error: {exc}", file=sys.stderr)
         return 2
-    print(report(uri, frames), end="")
+    if args.out is None:
+        print(report(uri, frames), end="")
+        return 0
+    command = f"llm-report --tracking-uri {args.tracking_uri or uri} --out {args.out}"
+    try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(results_page(uri, frames, command))
+    except OSError as exc:
+        print(f"llm-report: error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}")
     return 0
 
 

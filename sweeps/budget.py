@@ -43,7 +43,8 @@ from trials.models import zoo
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.prompts import workload_prompts
-from trials.models.registry import ModelEntry, perplexity_method, reference_precision
+from trials import groups
+from trials.models.registry import ModelEntry, reference_precision
 from trials.worker import WORKER
 
 log = logging.getLogger("sweeps.budget")
@@ -61,14 +62,11 @@ WARMUP_TOKENS = 2                 # trials.loop.WARMUP_TOKENS
 MIN_NEW_TOKENS = 16
 MIN_NEW_TOKENS_EMULATED = 8
 MIN_REPEATS = 3                   # a profile may ask for fewer (a deterministic byte count needs no more)
-MIN_EVAL_WINDOWS = 4
 TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors, plus bookkeeping
 # On one CPU thread a decode step at batch b costs ~(1 + growth (b - 1)) steps at batch 1 for the
 # zoo's models; `llm-report` prints the growth each model showed in a store's
 # batching runs (README, "Why the sizes").
 BATCH_STEP_GROWTH = 0.07
-COMPILE_S = 40.0                  # torch.compile of the decode step in the warm-up (CPU, inductor)
-HQQ_FACTOR = 1.5                  # HQQ optimizes every group at prefill and every residual refill
 # Each level: (divisor of new tokens, divisor of prompts per type and perplexity windows, repeats
 # taken away). Level 0 is the profile as written.
 LEVELS = ((1, 1, 0), (2, 1, 0), (2, 2, 0), (2, 2, 1), (4, 2, 1), (4, 4, 1), (4, 4, 2), (8, 4, 2),
@@ -218,7 +216,7 @@ def pairs_needed(configs: list[TrialConfig]) -> set[tuple[ModelEntry, str]]:
         pairs.add((c.entry(), c.stack.precision))
         if c.stack.draft_model:
             pairs.add((c.entry(c.stack.draft_model), c.stack.precision))
-        if c.group in ("quantization", "stacks"):
+        if groups.get(c.group).calibrates_reference:
             pairs.add((c.entry(), reference_precision(c.entry(), c.device)))
     return pairs
 
@@ -242,72 +240,46 @@ def _generate_s(cost: StepCost, prompts: int, prompt_tokens: float, new_tokens: 
     return decode + prefill
 
 
-def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
-                  references: set | None = None) -> float:
-    """Estimated seconds of one trial. ``references`` collects reference runs already counted
-    (a worker measures a group's reference once per model and workload and reuses it)."""
-    references = set() if references is None else references
-    w, s = config.workload, config.stack
-    cost = costs.get((config.model, s.precision))
-    if cost is None:
-        return TRIAL_OVERHEAD_S                                  # fails at once (missing package)
-    prompts, prompt_tokens = _prompts(config)
-    plain = _generate_s(cost, prompts, prompt_tokens, w.max_new_tokens, config.repeats, s.batch_size)
-    total = TRIAL_OVERHEAD_S
+class Estimate:
+    """What a technique's cost model (``Technique.cost``) needs for one trial: this machine's step
+    costs, the trial's prompts, and the arithmetic every technique shares."""
 
-    def reference(key, seconds: float) -> float:
-        if key in references:
+    def __init__(self, config: TrialConfig, costs: dict[tuple[str, str], StepCost], cost: StepCost,
+                 references: set):
+        self.config, self.costs, self.cost, self.references = config, costs, cost, references
+        self.prompts, self.prompt_tokens = _prompts(config)
+        w, s = config.workload, config.stack
+        self.plain = self.generate_s(cost, w.max_new_tokens, config.repeats, s.batch_size)
+
+    def step(self, model: str | None, precision: str) -> StepCost | None:
+        """The calibrated step cost of ``model`` in ``precision`` (None where it could not load)."""
+        return self.costs.get((model, precision))
+
+    def generate_s(self, cost: StepCost, new_tokens: int, repeats: int, batch: int) -> float:
+        """Warm-up plus ``repeats`` timed passes of the trial's prompts (``trials.loop.measure``)."""
+        return _generate_s(cost, self.prompts, self.prompt_tokens, new_tokens, repeats, batch)
+
+    def once(self, key, seconds: float) -> float:
+        """``seconds`` the first time ``key`` is met (a reference a worker measures once), else 0."""
+        if key in self.references:
             return 0.0
-        references.add(key)
+        self.references.add(key)
         return seconds
 
-    if config.group == "speculative":
-        # the no-speculation baseline of the same prompts (once per model and workload), then the
-        # speculative run: about as long, give or take the speedup, plus the draft's steps
-        total += reference(("speculative", config.model, s.precision, w), plain)
-        draft = costs.get((s.draft_model, s.precision)) if s.draft_model else None
-        extra = 0.0
-        if draft is not None:
-            passes = w.max_new_tokens * config.repeats * prompts / 2      # ~2 tokens per target pass
-            extra = passes * s.num_draft_tokens * draft.decode_s
-        total += plain + extra
-    elif config.group == "kv_cache":
-        teacher_forced = prompts * (prompt_tokens * cost.prefill_token_s + w.max_new_tokens * cost.decode_s)
-        total += reference(("kv_cache", config.model, s.precision, w), plain + teacher_forced)
-        factor = HQQ_FACTOR if s.kv_backend == "hqq" else 1.0
-        total += (plain + teacher_forced) * factor
-    elif config.group == "batching":
-        total += reference(("batching", config.model, w),
-                           _generate_s(cost, prompts, prompt_tokens, w.max_new_tokens, 1, 1))
-        total += plain
-    elif config.group == "quantization":
-        method = perplexity_method(config.entry(), w.eval_windows)
-        ppl_tokens = method.windows * method.context
-        ref_precision = reference_precision(config.entry(), config.device)
-        ref = costs.get((config.model, ref_precision), cost)
-        total += reference(("quantization", config.model, w, s.batch_size),
-                           _generate_s(ref, prompts, prompt_tokens, w.max_new_tokens, 1, s.batch_size)
-                           + ppl_tokens * ref.prefill_token_s)
-        total += plain + ppl_tokens * cost.prefill_token_s
-    elif config.group == "stacks":
-        # once per model and workload: the base stack (full repeats) and the reference precision's
-        # outputs and teacher-forced predictions; then the stack itself, with its draft's steps and,
-        # where weights or cache are quantized, its own teacher-forced pass
-        ref = costs.get((config.model, reference_precision(config.entry(), config.device)), cost)
-        forced = prompts * (prompt_tokens * ref.prefill_token_s + w.max_new_tokens * ref.decode_s)
-        total += reference(("stacks", config.model, w),
-                           _generate_s(ref, prompts, prompt_tokens, w.max_new_tokens, config.repeats + 1, 1)
-                           + forced)
-        draft = costs.get((s.draft_model, s.precision)) if s.draft_model else None
-        if draft is not None:
-            total += w.max_new_tokens * config.repeats * prompts / 2 * s.num_draft_tokens * draft.decode_s
-        if s.kv_bits != 16 or s.precision != reference_precision(config.entry(), config.device):
-            total += forced * cost.decode_s / ref.decode_s
-        total += plain + (COMPILE_S if s.compile else 0.0)
-    else:
-        total += plain
-    total += reference(("load", config.model, s.precision), cost.load_s)
-    return total
+
+def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
+                  references: set | None = None) -> float:
+    """Estimated seconds of one trial: its technique's cost model (``Technique.cost``; the loop's
+    timed passes where it has none), loading, and the per-trial overhead. ``references`` collects
+    reference runs already counted (a worker measures a group's reference once and reuses it)."""
+    references = set() if references is None else references
+    cost = costs.get((config.model, config.stack.precision))
+    if cost is None:
+        return TRIAL_OVERHEAD_S                                  # fails at once (missing package)
+    estimate = Estimate(config, costs, cost, references)
+    technique = groups.get(config.group)
+    total = TRIAL_OVERHEAD_S + (technique.cost(config, estimate) if technique.cost else estimate.plain)
+    return total + estimate.once(("load", config.model, config.stack.precision), cost.load_s)
 
 
 def estimate_seconds(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost]) -> float:
@@ -327,9 +299,9 @@ def shrink(config: TrialConfig, level: int, emulated: bool = False) -> TrialConf
     workload = replace(
         w, max_new_tokens=max(min(w.max_new_tokens, min_tokens), w.max_new_tokens // tokens_div),
         prompts_per_type=max(1, w.prompts_per_type // prompts_div))
-    if config.group == "quantization" and prompts_div > 1:
-        default = perplexity_method(config.entry(), w.eval_windows).windows
-        workload = replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_div))
+    technique = groups.get(config.group)
+    if technique.shrink is not None:
+        workload = technique.shrink(config, workload, prompts_div)
     repeats = max(min(config.repeats, MIN_REPEATS), config.repeats - fewer_repeats)
     return replace(config, workload=workload, repeats=repeats)
 

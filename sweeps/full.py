@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sweeps import budget
 from sweeps.spaces import PROFILES, default_models, run_order
+import tracking
 from trials import groups
 from trials.models import pypi
 from trials.models import zoo
@@ -207,29 +208,14 @@ def plan(args: argparse.Namespace, device: str, uri: str | None = None) -> dict[
     models = args.models or default_models(device)
     profile = chosen_profile(args, device)
     catalogue = getattr(args, "catalogue", BUILT_IN)
-    trials = {name: groups.get(name).plan(models, profile, device, uri, catalogue) for name in args.groups}
+    runs = None if uri is None else (lambda group: tracking.runs_frame(uri, group))
+    trials = {name: groups.get(name).plan(models, profile, device, catalogue, runs) for name in args.groups}
     sweep = getattr(args, "sweep_file", None)
-    if sweep is not None and sweep.stacks and "stacks" in trials:
-        trials["stacks"] = only_stacks(trials["stacks"], sweep.stacks, sweep.source)
+    if sweep is not None and sweep.stacks:
+        for name in trials:
+            if groups.get(name).select is not None:
+                trials[name] = groups.get(name).select(trials[name], sweep.stacks, sweep.source)
     return trials
-
-
-def only_stacks(configs: list[TrialConfig], names: list[str], source: str) -> list[TrialConfig]:
-    """The stacks group's trials whose stack is one of ``names`` (a sweep file's ``stacks:``).
-
-    ``base`` names the design's base stack, whatever precision runs fast here (bf16 where it is
-    native, fp32 on a CPU that emulates bf16), so one sweep file serves every machine."""
-    from trials.stats.factorial import stack_name
-    from trials.techniques.stacks.runner import base_stack
-
-    planned = list(dict.fromkeys(stack_name(c.stack) for c in configs))
-    base = stack_name(base_stack(configs[0])) if configs else "none"
-    names = [base if name == "base" else name for name in names]
-    unknown = [name for name in names if name not in planned]
-    if unknown:
-        raise ConfigError(f"{source}: stacks: {', '.join(map(repr, unknown))} not in the stacks group's "
-                          f"plan here; planned: base ({base} here), {', '.join(n for n in planned if n != base)}")
-    return [c for c in configs if stack_name(c.stack) in names]
 
 
 def chosen_profile(args: argparse.Namespace, device: str):

@@ -1,8 +1,8 @@
 """Sizing profiles: how big each chart group's workload is, as data read from YAML.
 
 A profile states the workload every group gets (prompt set, prompts per type, new tokens, repeats),
-each group's own settings (``GROUP_FIELDS``: precisions, batch sizes, contexts and caches, k values,
-the stacks design's parts), and the smaller workload real pretrained models get on a CPU
+each group's own settings (``GROUP_FIELDS``, from each technique's ``profile_keys``: precisions,
+batch sizes, contexts and caches, k values, the stacks design's parts), and the smaller workload real pretrained models get on a CPU
 (``real_models_on_cpu``). The built-in ones are files, ``sweeps/profiles/<name>.yaml``, in the sweep
 file's format (``sweeps.sweepfile`` reads them); a search space asks ``profile.settings(group, model,
 device)``.
@@ -13,9 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from sweeps import schema
-from trials.config import KV_BACKEND_BITS, PRECISIONS, Workload
+from trials import groups
+from trials.config import KV_BACKEND_BITS, PRECISIONS, Workload, parse_cache
 from trials.prompts import PROMPT_SETS
 from trials.models.registry import ModelEntry
+from trials.techniques.spec import ProfileKey
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 WORKLOAD_FIELDS = {
@@ -24,9 +26,6 @@ WORKLOAD_FIELDS = {
     "max_new_tokens": schema.Int(2, 1_000_000),
     "repeats": schema.Int(1, 1_000),
 }
-K = schema.Int(1, 64)           # draft tokens per round: beyond 64 no draft is ever accepted
-
-
 class KvCache(schema.Type):
     """``full`` (the model's own precision) or ``<backend><bits>``, e.g. ``hqq4``, ``quanto2``."""
 
@@ -43,30 +42,19 @@ class KvCache(schema.Type):
         return "full, " + ", ".join(f"{b}{n}" for b, bits in KV_BACKEND_BITS.items() for n in bits)
 
 
-def parse_cache(name: str) -> tuple[int, str] | None:
-    """``full`` -> (16, "none"); ``hqq4`` -> (4, "hqq"); None where the backend cannot pack it."""
-    if name == "full":
-        return 16, "none"
-    backend = name.rstrip("0123456789")
-    bits = name[len(backend):]
-    if backend in KV_BACKEND_BITS and bits.isdigit() and int(bits) in KV_BACKEND_BITS[backend]:
-        return int(bits), backend
-    return None
 
 
-# Each group's own settings (beside the workload keys, which any section may override).
-GROUP_FIELDS = {
-    "baseline": {"precisions": schema.ListOf(schema.Choice(PRECISIONS))},
-    "quantization": {"precisions": schema.ListOf(schema.Choice(PRECISIONS)),
-                     "eval_windows": schema.Int(1, 100_000)},
-    "batching": {"batch_sizes": schema.ListOf(schema.Int(1, 65_536))},
-    "kv_cache": {"contexts": schema.ListOf(schema.Int(16, 10_000_000)), "caches": schema.ListOf(KvCache())},
-    "speculative": {"draft_k": schema.ListOf(K), "lookup_k": schema.ListOf(K)},
-    "stacks": {"draft_k": K, "kv_cache": KvCache(), "batch_size": schema.Int(2, 65_536),
-               "compile_interactions": schema.Bool()},
-}
+def _schema_type(key: ProfileKey) -> schema.Type:
+    one = {"int": lambda: schema.Int(key.low, key.high), "bool": schema.Bool,
+           "precision": lambda: schema.Choice(PRECISIONS), "cache": KvCache}[key.kind]()
+    return schema.ListOf(one) if key.many else one
 
-OPTIONAL = {"eval_windows"}     # 0 (the perplexity method's own number of windows) where left out
+
+# Each group's own settings (beside the workload keys, which any section may override), from its
+# technique's declaration (``Technique.profile_keys``).
+GROUP_FIELDS = {g.name: {name: _schema_type(key) for name, key in g.profile_keys.items()}
+                for g in groups.GROUPS if g.implemented}
+OPTIONAL = {name for g in groups.GROUPS for name, key in g.profile_keys.items() if key.optional}
 
 
 def profile_fields(complete: bool) -> schema.Fields:
@@ -82,7 +70,9 @@ def profile_fields(complete: bool) -> schema.Fields:
                          doc="the workload for real pretrained models on a CPU")
     head = {"name": schema.Text()} if complete else {"base": schema.Choice(tuple(builtin_profile_names()))}
     return schema.Fields({**head, **WORKLOAD_FIELDS, **sections(complete), "real_models_on_cpu": real},
-                         required=("name", *WORKLOAD_FIELDS, *GROUP_FIELDS) if complete else (),
+                         required=("name", *WORKLOAD_FIELDS,
+                                   *(g for g, own in GROUP_FIELDS.items() if set(own) - OPTIONAL))
+                         if complete else (),
                          doc="a profile mapping")
 
 

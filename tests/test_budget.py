@@ -70,7 +70,7 @@ def test_estimate_falls_with_every_level():
     estimates = [budget.estimate_seconds([budget.shrink(c, level) for c in configs], costs)
                  for level in range(len(budget.LEVELS))]
     assert all(b <= a for a, b in zip(estimates, estimates[1:]))
-    # compiled stacks pay their compile time (budget.COMPILE_S) at any workload: the rest shrinks 4x
+    # compiled stacks pay their compile time (the stacks spec's COMPILE_S) at any workload: the rest shrinks 4x
     scaling = [c for c in configs if not c.stack.compile]
     first, last = (budget.estimate_seconds([budget.shrink(c, level) for c in scaling], costs)
                    for level in (0, len(budget.LEVELS) - 1))

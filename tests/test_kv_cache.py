@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import tracking
-from sweeps.spaces import PROFILES, kv_cache as kv_cache_space, kv_caches
+from sweeps.spaces import PROFILES
+from trials.techniques.kv_cache.space import kv_caches, plan as kv_cache_space
 from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.engines.transformers.arguments import cache_config

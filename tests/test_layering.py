@@ -150,3 +150,62 @@ def test_no_module_edits_sys_path():
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if "sys.path.insert" in line or "sys.path.append" in line]
     assert not edits, edits
+
+
+def test_no_code_outside_a_technique_names_it():
+    """A technique is one folder (``trials/techniques/<name>/``) and one dashboard section
+    (``dashboard/sections/<name>.py``): nothing else branches on its name or keys a table by it, so a
+    new technique needs no line anywhere else. String literals equal to a technique's name are
+    looked for in every module of the packages (docstrings aside); the benchmarks' GPU check is left
+    out, its table of device trials is its own (said in the README)."""
+    from trials import groups
+
+    names = set(groups.NAMES)
+    allowed = {   # (file, literal): why it is not a branch on a technique
+        ("trials/techniques/stacks/spec.py", "kv_cache"): "the stacks profile's own kv_cache setting",
+        ("trials/techniques/stacks/space.py", "kv_cache"): "the stacks profile's own kv_cache setting",
+        ("trials/techniques/stacks/space.py", "speculative"): "the design takes k from the speculative runs",
+        ("trials/techniques/speculative/runner.py", "baseline"): "the no-speculation run is a baseline config",
+        ("sweeps/sweepfile.py", "stacks"): "the sweep file's stacks: key",
+    }
+    found = []
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            relative = path.relative_to(ROOT).as_posix()
+            own = {n for n in names if relative.startswith((f"trials/techniques/{n}/", f"dashboard/sections/{n}.py"))}
+            tree = ast.parse(path.read_text(), str(path))
+            docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                          if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                          and node.body and isinstance(node.body[0], ast.Expr)
+                          and isinstance(node.body[0].value, ast.Constant)}
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names - own
+                        and id(node) not in docstrings and (relative, node.value) not in allowed):
+                    found.append(f"{relative}:{node.lineno}: {node.value!r}")
+    assert not found, "\n".join(found)
+
+
+def test_a_technique_declared_outside_runs_from_plan_to_export(tiny_zoo, tmp_path):
+    """tests/toy_technique.py, named in $LLM_SWEEPS_TECHNIQUES, is planned and run by the real sweep
+    (Ray Tune, a sqlite store), drawn by the export and tabled by the report, with no line of the
+    project changed: what a technique is lives in its own folder (here, its own module)."""
+    import os
+
+    env = {**os.environ, "LLM_SWEEPS_TECHNIQUES": "toy_technique",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "toy", "--models",
+                            "tiny-gqa", "--budget", "none", "--workers", "1", "--tracking-uri", uri],
+                           capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
+    assert "1 finished, 0 failed" in sweep.stdout, sweep.stdout[-2000:]
+    out = tmp_path / "report.html"
+    export = subprocess.run([sys.executable, str(ROOT / "dashboard" / "export.py"), "--tracking-uri", uri,
+                             "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert export.returncode == 0, export.stderr[-2000:]
+    assert "Toy: a technique declared outside the project" in out.read_text()
+    assert "distinct tokens" in out.read_text()            # the toy section's chart
+    report = subprocess.run([sys.executable, "-m", "dashboard.report", "--tracking-uri", uri],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert report.returncode == 0 and "distinct tokens |" in report.stdout, report.stderr[-2000:]
+

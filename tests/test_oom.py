@@ -12,6 +12,7 @@ from trials import groups
 from trials.config import Runtime, Stack, TrialConfig, Workload
 from trials.loop import failed_result, is_out_of_memory
 from trials.run import run_trial
+from trials.techniques.spec import Technique
 
 TINY = Workload("mixed", 1, 8)
 
@@ -44,10 +45,10 @@ def test_a_trial_that_runs_out_of_memory_is_a_failed_run_not_an_exception(tiny_z
     def greedy(self, config, runtime):
         torch.empty(2 ** 50, dtype=torch.uint8)
 
-    monkeypatch.setattr(groups.Group, "run", greedy)
+    monkeypatch.setattr(Technique, "run", greedy)
     result = run_trial(TrialConfig(group="baseline", model="tiny-gqa", workload=TINY, repeats=1))
     assert result.status == "FAILED" and result.error.startswith("oom: RuntimeError")
-    monkeypatch.setattr(groups.Group, "run", lambda self, config, runtime: 1 / 0)
+    monkeypatch.setattr(Technique, "run", lambda self, config, runtime: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         run_trial(TrialConfig(group="baseline", model="tiny-gqa", workload=TINY, repeats=1))
 

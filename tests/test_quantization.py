@@ -242,7 +242,8 @@ def test_missing_bitsandbytes_is_one_line(tiny_zoo):
 
 
 def test_sweep_space_per_device():
-    from sweeps.spaces import PROFILES, quantization as quantization_space
+    from sweeps.spaces import PROFILES
+    from trials.techniques.quantization.space import plan as quantization_space
 
     cpu = quantization_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
     cuda = quantization_space(["tiny-gqa"], PROFILES["full"], "cuda")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import tracking
-from sweeps.spaces import PROFILES, speculative
+from sweeps.spaces import PROFILES
+from trials.techniques.speculative.space import plan as speculative
 from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.loop import failed_result

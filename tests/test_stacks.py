@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 import tracking
-from sweeps.spaces import PROFILES, stacks as stacks_space
+from sweeps.spaces import PROFILES
+from trials.techniques.stacks.space import plan as stacks_space
 from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.stats.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
@@ -210,7 +211,7 @@ def test_compiled_kernels_are_cached_per_cpu_capability(tmp_path, monkeypatch):
 
     from conftest import ROOT
     from trials.engines.transformers import compiled
-    code = ("from trials import compiled\n"
+    code = ("from trials.engines.transformers import compiled\n"
             "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
             "cache_dir()\n"                                   # inductor writes its default, as a load does
             "print(compiled.keep_kernels_per_capability())")
@@ -318,7 +319,8 @@ def test_speculation_in_a_stack_uses_the_best_k_the_store_measured(quick_sweep):
     frame = tracking.runs_frame(quick_sweep.uri, "speculative")
     draft = frame[(frame["model"] == "tiny-gqa") & (frame["speculation"] == "draft")]
     best = int(draft.loc[draft["tok_per_s"].idxmax(), "num_draft_tokens"])
-    configs = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu", uri=quick_sweep.uri)
+    configs = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu",
+                           runs=lambda group: tracking.runs_frame(quick_sweep.uri, group))
     assert {c.stack.num_draft_tokens for c in configs if c.stack.speculation == "draft"} == {best}
-    without = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu", uri=None)
+    without = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu", runs=None)
     assert {c.stack.num_draft_tokens for c in without if c.stack.speculation == "draft"} == {STACKS["draft_k"]}

@@ -110,10 +110,18 @@ def test_mlflow_server_shows_the_same_runs(quick_sweep, tmp_path):
         assert set(tracking.runs_frame(base, "baseline")["run_id"]) == served
 
 
-def test_the_report_of_measured_sizes_is_written_from_the_store(quick_sweep, capsys):
-    """dashboard/report.py: the figures the sizing rests on, recomputed from the runs."""
+def test_the_report_of_measured_sizes_is_written_from_the_store(quick_sweep, capsys, tmp_path):
+    """dashboard/report.py: the figures the sizing rests on, recomputed from the runs; with --out, the
+    results page, which says when, by which command and from which code's runs it was made."""
     from dashboard import report
 
+    page = tmp_path / "docs" / "results.md"
+    assert report.main(["--tracking-uri", quick_sweep.uri, "--out", str(page)]) == 0
+    text = page.read_text()
+    sha = tracking.runs_frame(quick_sweep.uri, "baseline")["tags.env.git_sha"].iloc[0][:12]
+    assert text.startswith("# Results") and f"`llm-report --tracking-uri {quick_sweep.uri} --out {page}`" in text
+    assert sha in text and "| baseline | 4 |" in text
+    capsys.readouterr()
     assert report.main(["--tracking-uri", quick_sweep.uri]) == 0
     out = capsys.readouterr().out
     times = out.split("**")[0]
@@ -129,7 +137,10 @@ def test_the_report_of_measured_sizes_is_written_from_the_store(quick_sweep, cap
 
 def test_the_main_job_runs_breadth_first(tiny_zoo):
     """Every group's smallest model before any group's next one: each section has data early."""
-    from sweeps.spaces import PROFILES, baseline, batching, run_order, speculative
+    from sweeps.spaces import PROFILES, run_order
+    from trials.techniques.baseline.space import plan as baseline
+    from trials.techniques.batching.space import plan as batching
+    from trials.techniques.speculative.space import plan as speculative
 
     profile = PROFILES["quick"]
     configs = [c for space in (baseline, speculative, batching)

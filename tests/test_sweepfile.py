@@ -76,9 +76,7 @@ def test_the_readme_example_is_the_file_and_plans_offline(tiny_zoo):
     planned = {name: groups.get(name).plan(sweep.models, sweep.profile, "cpu", catalogue=catalogue)
                for name in sweep.groups}
     assert {c.model for cs in planned.values() for c in cs} == set(sweep.models)
-    from sweeps.full import only_stacks
-
-    stacks = only_stacks(planned["stacks"], sweep.stacks, sweep.source)
+    stacks = groups.get("stacks").select(planned["stacks"], sweep.stacks, sweep.source)
     assert {c.model for c in stacks} == set(sweep.models) and len(stacks) == len(sweep.stacks) * len(sweep.models)
     # "base" is the design's base stack on any CPU: bf16 where it is native, fp32 where it is emulated
     from trials.stats.factorial import stack_name

@@ -31,6 +31,17 @@ SPECULATION = ("none", "draft", "prompt_lookup")
 DEVICES = ("cpu", "cuda")
 
 
+def parse_cache(name: str) -> tuple[int, str] | None:
+    """``full`` -> (16, "none"); ``hqq4`` -> (4, "hqq"); None where the backend cannot pack it."""
+    if name == "full":
+        return 16, "none"
+    backend = name.rstrip("0123456789")
+    bits = name[len(backend):]
+    if backend in KV_BACKEND_BITS and bits.isdigit() and int(bits) in KV_BACKEND_BITS[backend]:
+        return int(bits), backend
+    return None
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)

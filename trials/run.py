@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="a TrialConfig as a JSON file or JSON string")
     parser.add_argument("--model", default="zoo-gqa")
-    parser.add_argument("--group", default="baseline", help=f"one of {', '.join(groups.implemented())}")
+    parser.add_argument("--group", default=groups.implemented()[0], help=f"one of {', '.join(groups.implemented())}")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--prompt-set", default="mixed")

@@ -8,7 +8,7 @@ name), ``TITLE``, ``BLURB`` (one sentence: the question it answers) and
 charts; None: all, with a ``status`` column), ``deep_dive(frame, model)`` with ``DEEP_DIVE_TITLE`` and
 ``deep_dive_models(frame)`` (per-model charts under a selector), and ``DEEP_DIVE_CONTROLS``
 (``{name: (label, default, step)}``: number boxes beside the selector, passed to ``deep_dive`` by
-name). ``frame`` is ``tracking.runs_frame``
+name), and ``report(frame) -> [Markdown lines]`` (its table in ``llm-report``, the results page). ``frame`` is ``tracking.runs_frame``
 of the group; an empty list of figures means "nothing to show yet" and the app lays out the empty
 state. ``check_section`` enforces the protocol when the page is built: a missing or mistyped
 attribute, or a public name one typo away from a hook (``captions``, ``deepdive``), is an error
@@ -36,7 +36,8 @@ class Section(Protocol):
 
 REQUIRED = {"GROUP": str, "TITLE": str, "BLURB": str, "figures": Callable}
 OPTIONAL_HOOKS = {"caption": Callable, "RUN_STATUS": (str, type(None)), "deep_dive": Callable,
-                  "DEEP_DIVE_TITLE": str, "deep_dive_models": Callable, "DEEP_DIVE_CONTROLS": dict}
+                  "DEEP_DIVE_TITLE": str, "deep_dive_models": Callable, "DEEP_DIVE_CONTROLS": dict,
+                  "report": Callable}
 HOOKS = {**REQUIRED, **OPTIONAL_HOOKS}
 
 

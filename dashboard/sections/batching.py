@@ -199,3 +199,23 @@ def caption(frame: pd.DataFrame) -> str:
             f"trials.{boundary} Roofline: measured copy bandwidth / (weights + KV) bytes per decode "
             f"step. Device: {device_names(finished)}. Latest run per model and batch size; hover a "
             "point for where it came from.")
+
+
+SATURATION_GAIN = 0.05        # a batch "stops gaining" when tok/s rises by less than this
+
+
+def report(frame: pd.DataFrame) -> list[str]:
+    """tok/s per batch size, and where one more doubling stops paying (what sizes the quick ladder)."""
+    if frame.empty:
+        return []
+    lines = ["| model | tok/s by batch | stops gaining at |", "| --- | --- | --- |"]
+    for model, part in frame.groupby("model"):
+        by_batch = part.groupby("batch_size")["tok_per_s"].median().sort_index()
+        ladder = ", ".join(f"{int(b)}: {v:.0f}" for b, v in by_batch.items())
+        gains = by_batch.pct_change().dropna()
+        flat = gains[gains < SATURATION_GAIN]
+        stop = f"batch {int(flat.index[0])} (+{flat.iloc[0]:.1%})" if len(flat) else "not within the ladder"
+        growth = by_batch.iloc[0] * by_batch.index / by_batch       # step cost at b over step cost at 1
+        per_row = ((growth - 1) / (by_batch.index - 1)).iloc[1:].median() if len(by_batch) > 1 else float("nan")
+        lines.append(f"| {model} | {ladder} | {stop}; decode step grows ~{per_row:.3f} per extra row |")
+    return lines

@@ -378,3 +378,9 @@ def oom_crosses(figure: go.Figure, failed: pd.DataFrame, x: str, x_title: str, s
             customdata=OOM.rows(part),
             hovertemplate=(f"<b>{value}: did not fit</b><br>{x_title}: %{{x:,.0f}}<br>"
                            + OOM.lines("reason") + PROVENANCE_HOVER + "<extra></extra>")))
+
+
+def trial_seconds(frame: pd.DataFrame) -> pd.Series:
+    """Wall time of each trial in its worker (``trial_s``: loading, references and repeats); NaN for
+    runs logged before the metric existed."""
+    return frame["trial_s"] if "trial_s" in frame else pd.Series(float("nan"), index=frame.index)

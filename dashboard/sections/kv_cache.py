@@ -28,6 +28,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from dashboard.sections.common import trial_seconds
 from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, count_range, device_names,
                                        finished_only, has, latest, oom_crosses, oom_rows, points)
 from trials.models import zoo
@@ -380,3 +381,14 @@ def caption(frame: pd.DataFrame) -> str:
         "sliding windows capped) and the measured zoo models' config.json; 8- and 4-bit bars are "
         "the payload only (group-wise scales and zeros add about 0.5 bit per element at group 64 "
         "with 16-bit scale and zero).")
+
+
+def report(frame: pd.DataFrame) -> list[str]:
+    """Trial seconds per backend at each context (what sizes the quick contexts)."""
+    if frame.empty:
+        return []
+    frame = frame.assign(seconds=trial_seconds(frame), context=pd.to_numeric(frame["context_tokens"]))
+    lines = ["| model | context | backend | bits | median trial s |", "| --- | --- | --- | --- | --- |"]
+    for (model, context, backend, bits), part in frame.groupby(["model", "context", "kv_backend", "kv_bits"]):
+        lines.append(f"| {model} | {int(context)} | {backend} | {int(bits)} | {part['seconds'].median():.1f} |")
+    return lines

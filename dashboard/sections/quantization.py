@@ -283,3 +283,14 @@ def caption(frame: pd.DataFrame) -> str:
                    "Perplexity here is deterministic (the same windows, same weights: a rerun gives "
                    "the same number), so a break is not timing noise; on small, undertrained models "
                    "quantization error can move perplexity either way by a fraction of a percent.")
+
+
+def report(frame: pd.DataFrame) -> list[str]:
+    if frame.empty:
+        return []
+    lines = ["| model | precision | perplexity (x reference) | weights MiB | tok/s |", "| --- | --- | --- | --- | --- |"]
+    for (model, precision), part in frame.groupby(["model", "precision"]):
+        row = part.sort_values("start_time").iloc[-1]
+        lines.append(f"| {model} | {precision} | {row['perplexity']:.2f} ({row['perplexity_ratio']:.3f}) | "
+                     f"{row['weights_bytes'] / 2**20:.2f} | {row['tok_per_s']:.0f} |")
+    return lines

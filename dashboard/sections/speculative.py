@@ -48,7 +48,7 @@ SOURCE_ID, BY_TYPE_ID = "speculative-token-source", "speculative-acceptance-by-t
 REQUIRED = ("model", "speculation", "num_draft_tokens", "tok_per_s", "baseline_tok_per_s",
             "acceptance_rate", "tokens_per_target_pass")
 PROPOSERS = {"draft": "draft model", "prompt_lookup": "prompt lookup"}
-COLORS = {"baseline": "#7f7f7f", "draft": "#1f77b4", "prompt_lookup": "#ff7f0e"}
+COLORS = {"plain": "#7f7f7f", "draft": "#1f77b4", "prompt_lookup": "#ff7f0e"}
 LAYOUT = dict(template=TEMPLATE, margin=dict(l=60, r=20, t=60, b=50), height=420)
 TYPE_COLUMN = re.compile(r"^acceptance_rate_(?!.*_(?:min|max)$)(\w+)$")
 
@@ -100,7 +100,7 @@ def throughput_chart(best: pd.DataFrame) -> go.Figure:
     models = sorted(best["model"].unique())
     baseline = best.groupby("model")["baseline_tok_per_s"].median()
     figure.add_trace(go.Bar(name="no speculation", x=models, y=[float(baseline[m]) for m in models],
-                            marker_color=COLORS["baseline"],
+                            marker_color=COLORS["plain"],
                             hovertemplate="<b>%{x}</b><br>no speculation: %{y:.1f} tok/s<br>"
                                           "(same prompts, same worker)<extra></extra>"))
     for speculation, name in PROPOSERS.items():
@@ -231,7 +231,7 @@ def throughput_vs_k(rows: pd.DataFrame, model: str) -> go.Figure:
                 hovertemplate=f"<b>{name}</b> predicted, verification pass as measured<br>k: %{{x}}<br>"
                               "%{y:.1f} tok/s<extra></extra>"))
     baseline = float(rows["baseline_tok_per_s"].median())
-    figure.add_hline(y=baseline, line_dash="dash", line_color=COLORS["baseline"],
+    figure.add_hline(y=baseline, line_dash="dash", line_color=COLORS["plain"],
                      annotation_text=f"no speculation: {baseline:.1f} tok/s",
                      annotation_position="bottom right")
     figure.update_layout(title=f"{model}: decode throughput vs k", xaxis_title="k", yaxis_title="tok/s",
@@ -331,3 +331,14 @@ def caption(frame: pd.DataFrame) -> str:
              f"{len(rows) - len(lossy)} of {len(rows)} trials"
              + (f"; not lossless: {', '.join(sorted(set(lossy['stack'].astype(str))))}. " if len(lossy) else ". "))
     return text + f"Device: {device_names(rows)}. Hover a point for where it came from."
+
+
+def report(frame: pd.DataFrame) -> list[str]:
+    if frame.empty:
+        return []
+    lines = ["| model | proposer | best k | speedup | alpha | lossless |", "| --- | --- | --- | --- | --- | --- |"]
+    for (model, proposer), part in frame.groupby(["model", "speculation"]):
+        best = part.loc[part["tok_per_s"].idxmax()]
+        lines.append(f"| {model} | {proposer} | {int(best['num_draft_tokens'])} | {best['speedup']:.2f}x | "
+                     f"{best.get('alpha', float('nan')):.2f} | {best['lossless']:.0f} |")
+    return lines

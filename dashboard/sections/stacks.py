@@ -29,7 +29,7 @@ from trials.config import Stack, TrialConfig, Workload
 from trials.engines.transformers.arguments import as_code, stack_arguments
 from trials.models.registry import entry_from_dict, reference_precision
 from trials.stats.factorial import effects, factor_columns
-from trials.groups import SPEC_NEEDS_CROP
+from trials.techniques.stacks.spec import SPEC_NEEDS_CROP
 
 GROUP = "stacks"
 TITLE = "How much did optimizations help?"
@@ -310,3 +310,30 @@ def caption(frame: pd.DataFrame) -> str:
             + f" Refused at plan time: a quantized KV cache with speculation ({SPEC_NEEDS_CROP}); "
               "compiled decoding with either (it needs transformers' static cache). Compiled stacks "
               "compile in the warm-up (compile_warmup_s), never in the timed passes.")
+
+
+def report(frame: pd.DataFrame) -> list[str]:
+    """Each stack per model (tok/s with its 95 % interval, memory, quality), then the effects."""
+    if frame.empty or "tags.stack_name" not in frame:
+        return []
+
+    # "x base": against the base stack measured in the same worker (speedup_vs_baseline), which is not
+    # the ratio of two rows of this table when the two workers' machines were loaded differently
+    lines = ["| model | stack | tok/s (95 % CI) | x base, same worker | peak MiB | x base, same worker | token match | KL |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = frame.sort_values("start_time").drop_duplicates(["model", "tags.stack_name"], keep="last")
+    for _, r in rows.sort_values(["model", "tok_per_s"], ascending=[True, False]).iterrows():
+        kl = r.get("kl_divergence")
+        lines.append(f"| {r['model']} | {r['tags.stack_name']} | {r['tok_per_s']:.1f} "
+                     f"({r.get('tok_per_s_ci_low', float('nan')):.1f}–{r.get('tok_per_s_ci_high', float('nan')):.1f}) | "
+                     f"{r['speedup_vs_baseline']:.2f} | {r['peak_memory_bytes'] / 2**20:.1f} | "
+                     f"{r['memory_vs_baseline']:.2f} | {r['fidelity_token_match']:.3f} | "
+                     f"{'' if pd.isna(kl) else f'{kl:.4f}'} |")
+    found, notes = effects(frame)
+    lines += ["", "| model | term | x tok/s (95 % CI) | significant | x peak memory |", "| --- | --- | --- | --- | --- |"]
+    memory = {(e.model, e.term): e.ratio for e in found if e.response == "peak_memory_bytes"}
+    for e in (e for e in found if e.response == "tok_per_s"):
+        lines.append(f"| {e.model} | {e.term} | {e.ratio:.3f} ({math.exp(e.ci_low):.3f}–{math.exp(e.ci_high):.3f}) | "
+                     f"{'yes' if e.significant else 'no'} | {memory[(e.model, e.term)]:.3f} |")
+    lines += [f"\n{model}: {note}" for model, note in notes.items()]
+    return lines

@@ -17,7 +17,7 @@ import torch
 
 from trials.measurement.hardware import cpu_profile, hardware_tags
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def device_name(device: str) -> str:

@@ -1,0 +1,15 @@
+"""The baseline group's declaration: a model at a weight precision, nothing else switched on."""
+
+from trials.techniques.spec import ProfileKey, Technique, only_weights_and_batch
+
+NAME = "baseline"
+
+SPEC = Technique(
+    NAME, "Baseline: each model at each weight precision", order=0,
+    guard=only_weights_and_batch(NAME),
+    runner="trials.techniques.baseline.runner:run_baseline",
+    space="trials.techniques.baseline.space:plan",
+    section="dashboard.sections.baseline",
+    reference="none: the baseline is what the other groups compare against",
+    profile_keys={"precisions": ProfileKey("precision", many=True)},
+)

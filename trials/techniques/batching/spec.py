@@ -1,0 +1,25 @@
+"""The batching group's declaration: B rows per decode step, up to the memory boundary."""
+
+from trials.techniques.spec import ProfileKey, Technique, only_weights_and_batch
+
+NAME = "batching"
+
+
+def cost(config, estimate) -> float:
+    """Each prompt decoded alone once (the batch-1 reference), then the batched passes."""
+    w = config.workload
+    reference = estimate.generate_s(estimate.cost, w.max_new_tokens, repeats=1, batch=1)
+    return estimate.once((NAME, config.model, w), reference) + estimate.plain
+
+
+SPEC = Technique(
+    NAME, "Static batching: B rows per decode step, up to the memory boundary", order=3,
+    guard=only_weights_and_batch(NAME),
+    runner="trials.techniques.batching.runner:run_batching",
+    space="trials.techniques.batching.space:plan",
+    section="dashboard.sections.batching",
+    reference="each prompt decoded alone (batch 1), once per worker, model and workload (tag "
+              "batch1_reference); the memory bandwidth once per worker (tag bandwidth_source)",
+    profile_keys={"batch_sizes": ProfileKey("int", many=True, low=1, high=65_536)},
+    cost=cost,
+)

@@ -1,0 +1,37 @@
+"""The kv_cache group's declaration: 16/8/4/2-bit caches at growing contexts."""
+
+from trials.techniques.spec import ProfileKey, Technique
+
+NAME = "kv_cache"
+HQQ_FACTOR = 1.5        # HQQ optimizes every group at prefill and every residual refill
+
+
+def guard(stack) -> str | None:
+    if stack.speculation != "none":
+        return f"the kv_cache group measures the cache without speculation, got stack {stack.label}"
+    return None
+
+
+def cost(config, estimate) -> float:
+    """The full-precision reference (once per model and workload), then the cache under test, each
+    with a teacher-forced pass over the last ``max_new_tokens`` tokens of every prompt."""
+    s, w, step = config.stack, config.workload, estimate.cost
+    teacher_forced = estimate.prompts * (estimate.prompt_tokens * step.prefill_token_s
+                                         + w.max_new_tokens * step.decode_s)
+    total = estimate.once((NAME, config.model, s.precision, w), estimate.plain + teacher_forced)
+    factor = HQQ_FACTOR if s.kv_backend == "hqq" else 1.0
+    return total + (estimate.plain + teacher_forced) * factor
+
+
+SPEC = Technique(
+    NAME, "KV-cache quantization: 16/8/4/2-bit caches at growing contexts", order=2,
+    guard=guard,
+    runner="trials.techniques.kv_cache.runner:run_kv_cache",
+    space="trials.techniques.kv_cache.space:plan",
+    section="dashboard.sections.kv_cache",
+    reference="the full-precision cache on the same prompts, measured once per worker, model "
+              "and workload, reused for 30 minutes (tag reference_source)",
+    profile_keys={"contexts": ProfileKey("int", many=True, low=16, high=10_000_000),
+                  "caches": ProfileKey("cache", many=True)},
+    cost=cost,
+)

@@ -1,0 +1,44 @@
+"""The quantization group's declaration: fp32/bf16/int8/nf4/GPTQ weights, with perplexity."""
+
+from dataclasses import replace
+
+from trials.models.registry import perplexity_method, reference_precision
+from trials.techniques.spec import ProfileKey, Technique, only_weights_and_batch
+
+NAME = "quantization"
+MIN_EVAL_WINDOWS = 4      # perplexity windows a shrunk trial keeps at least
+
+
+def cost(config, estimate) -> float:
+    """The reference precision's outputs and perplexity (once per model and workload), then this
+    precision's passes and perplexity windows."""
+    s, w = config.stack, config.workload
+    method = perplexity_method(config.entry(), w.eval_windows)
+    ppl_tokens = method.windows * method.context
+    ref = estimate.step(config.model, reference_precision(config.entry(), config.device)) or estimate.cost
+    reference = (estimate.generate_s(ref, w.max_new_tokens, repeats=1, batch=s.batch_size)
+                 + ppl_tokens * ref.prefill_token_s)
+    return (estimate.once((NAME, config.model, w, s.batch_size), reference)
+            + estimate.plain + ppl_tokens * estimate.cost.prefill_token_s)
+
+
+def shrink(config, workload, prompts_divisor: int):
+    """Fewer perplexity windows, as prompts are divided."""
+    if prompts_divisor <= 1:
+        return workload
+    default = perplexity_method(config.entry(), config.workload.eval_windows).windows
+    return replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_divisor))
+
+
+SPEC = Technique(
+    NAME, "Weight quantization: fp32/bf16/int8/nf4/GPTQ weights", order=4,
+    guard=only_weights_and_batch(NAME),
+    runner="trials.techniques.quantization.runner:run_quantization",
+    space="trials.techniques.quantization.space:plan",
+    section="dashboard.sections.quantization",
+    reference="the reference precision's greedy outputs and perplexity, once per worker, model "
+              "and workload (tag reference_source)",
+    profile_keys={"precisions": ProfileKey("precision", many=True),
+                  "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True)},
+    cost=cost, calibrates_reference=True, shrink=shrink,
+)

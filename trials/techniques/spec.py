@@ -1,0 +1,99 @@
+"""What a technique declares about itself, torch-free: the one place a sweep, the budget, the report
+and the dashboard learn about it.
+
+Each technique folder (``trials/techniques/<name>/``) has a ``spec.py`` whose ``SPEC`` is a
+``Technique``: its name (the MLflow experiment, ``TrialConfig.group``), title and place on the page,
+the stacks it accepts (``guard``), the settings a profile gives it (``profile_keys``), what its
+trials cost (``cost``, for the budget), and pointers, as ``"module:attr"`` strings resolved on use,
+to its runner (in a worker), its search space (in the driver) and its dashboard section. Nothing
+outside the folder branches on a technique's name: ``trials.groups`` collects the specs, and every
+table derives from them.
+
+``cost(config, estimate)`` returns the seconds a trial spends beyond loading its model: the
+``estimate`` (``sweeps.budget.Estimate``) knows this machine's step costs and the shared arithmetic
+(``plain``: the loop's timed passes of this trial; ``generate_s``; ``once(key, seconds)`` for a
+reference a worker measures once and reuses).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from trials.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """One setting a profile gives the technique: ``kind`` ``int`` (``low``..``high``), ``bool``,
+    ``precision`` (a weight precision) or ``cache`` (a KV cache: ``full``, ``hqq4``, ...); ``many``: a
+    list of them; ``optional``: a built-in profile may leave it out."""
+
+    kind: str
+    many: bool = False
+    low: int = 1
+    high: int = 1_000_000
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Technique:
+    name: str
+    title: str
+    order: int                                     # place on the page and in plans
+    guard: Callable[[object], str | None]          # why a stack does not belong here, or None
+    runner: str | None                             # "module:function" (config, runtime) -> TrialResult
+    space: str | None                              # "module:function" planning its trials
+    section: str                                   # the dashboard section's module
+    reference: str                                 # what a trial is compared with, and how it is reused
+    profile_keys: Mapping[str, ProfileKey] = field(default_factory=dict)
+    cost: Callable | None = None                   # (config, estimate) -> seconds; None: the loop's passes
+    calibrates_reference: bool = False             # its cost reads the reference precision's step cost
+    shrink: Callable | None = None                 # (config, workload, prompts_divisor) -> workload
+    select: Callable | None = None                 # (configs, stack names, source) -> a sweep file's stacks
+    space_reads_store: bool = False                # the space takes ``runs=``: it plans from the store
+
+    @property
+    def implemented(self) -> bool:
+        return self.runner is not None and self.space is not None
+
+    def check(self, stack) -> None:
+        """Raise ``ConfigError`` when ``stack`` does not belong to this technique."""
+        reason = self.guard(stack)
+        if reason:
+            raise ConfigError(reason)
+
+    def run(self, config, runtime):
+        """Run ``config`` with the runner (in a worker: this imports the technique and torch)."""
+        if self.runner is None:
+            raise ConfigError(f"group {self.name!r} has no trials yet")
+        return resolve(self.runner)(config, runtime)
+
+    def plan(self, models: list[str], profile, device: str, catalogue=None, runs=None) -> list:
+        """The trials of ``models`` (names the ``catalogue`` resolves: the built-in models and a
+        sweep file's own, ``trials.models.registry.Catalogue``); ``runs(group)`` reads the store for
+        a space that plans from it."""
+        if self.space is None:
+            raise ConfigError(f"group {self.name!r} has no trials yet")
+        extra = {"runs": runs} if self.space_reads_store else {}
+        if catalogue is not None:
+            extra["catalogue"] = catalogue
+        return resolve(self.space)(models, profile, device, **extra)
+
+
+def resolve(pointer: str):
+    """The object a ``"module:attr"`` pointer names (``"module"`` alone: the module)."""
+    module, _, attr = pointer.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, attr) if attr else loaded
+
+
+def only_weights_and_batch(name: str) -> Callable:
+    """The guard of a technique that varies weights and batch size only."""
+    def guard(stack) -> str | None:
+        if stack.kv_bits != 16 or stack.speculation != "none" or stack.compile:
+            return (f"the {name} group varies weight precision and batch size only (no KV-cache "
+                    f"quantization, speculation or compiled decoding), got stack {stack.label}")
+        return None
+    return guard

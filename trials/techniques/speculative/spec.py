@@ -1,0 +1,40 @@
+"""The speculative group's declaration: a draft model or prompt lookup proposes k tokens."""
+
+from trials.techniques.spec import ProfileKey, Technique
+
+NAME = "speculative"
+K = ProfileKey("int", many=True, low=1, high=64)     # draft tokens per round: beyond 64 none is accepted
+
+
+def guard(stack) -> str | None:
+    if stack.speculation == "none":
+        return "the speculative group needs speculation 'draft' or 'prompt_lookup'"
+    if stack.kv_bits != 16:
+        return f"the speculative group keeps the full-precision KV cache, got stack {stack.label}"
+    return None
+
+
+def cost(config, estimate) -> float:
+    """The no-speculation baseline of the same prompts (once per model and workload), then the
+    speculative run: about as long, give or take the speedup, plus the draft's steps."""
+    s, w = config.stack, config.workload
+    total = estimate.once((NAME, config.model, s.precision, w), estimate.plain)
+    draft = estimate.step(s.draft_model, s.precision) if s.draft_model else None
+    extra = 0.0
+    if draft is not None:
+        passes = w.max_new_tokens * config.repeats * estimate.prompts / 2      # ~2 tokens per target pass
+        extra = passes * s.num_draft_tokens * draft.decode_s
+    return total + estimate.plain + extra
+
+
+SPEC = Technique(
+    NAME, "Speculative decoding: a draft model or prompt lookup proposes k tokens", order=1,
+    guard=guard,
+    runner="trials.techniques.speculative.runner:run_speculative",
+    space="trials.techniques.speculative.space:plan",
+    section="dashboard.sections.speculative",
+    reference="the same prompts without speculation, measured once per worker, model and "
+              "workload, reused for 15 minutes (tag baseline_source)",
+    profile_keys={"draft_k": K, "lookup_k": K},
+    cost=cost,
+)

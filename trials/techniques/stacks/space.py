@@ -1,0 +1,98 @@
+"""The stacks group's search space (its spec: ``trials.techniques.stacks.spec``).
+
+Per target, the 2^4 design over weights (the fast precision on this device / NF4), the KV cache (full
+/ the profile's 4-bit cache: quanto, the faster of the two 4-bit backends), speculation (off / the
+target's draft at its best k, or prompt lookup where it has no draft) and compiled decoding (off /
+static cache + torch.compile), each combination ONE trial at batch 1, base stack first (the others
+reuse its numbers in a worker). Combinations that cannot run (a quantized cache with speculation or
+compile; speculation with compile; compile of quantized weights, which transformers decodes
+uncompiled: ``Stack.validate`` and the group's guard say why) are refused here, with the reason in the
+log; ``trials.stats.factorial`` leaves their interactions out. Beside the design, the profile's
+batch size, plain and with the smallest weights and cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+from trials.config import Stack, TrialConfig, parse_cache
+from trials.errors import ConfigError
+from trials.measurement.kv_footprint import kv_footprint
+from trials.models.registry import BUILT_IN, Catalogue, ModelEntry
+from trials.techniques import planning
+from trials.techniques.stacks.spec import NAME
+
+log = logging.getLogger(__name__)
+
+
+def _kv_group_size(model: ModelEntry) -> int:
+    """64 (transformers' default), or the largest power of two below it that divides a token's K/V
+    row (kv_heads x head_dim) where the config is on disk: the quantized cache needs whole groups."""
+    try:
+        row = kv_footprint(model.path()).groups[0].elements_per_token // 2
+    except Exception:                # a hub model not on disk: the default, checked when it loads
+        return 64
+    return next((size for size in (64, 32, 16, 8) if row % size == 0), 64)
+
+
+def best_draft_k(model: str, draft: str, runs, default: int) -> tuple[int, str]:
+    """(k, why): the k with the highest measured tok/s among the store's speculative runs of this
+    target and draft (latest run per k), else ``default`` (the profile's ``stacks.draft_k``).
+    ``runs(group)``: the store's finished runs of a group as a frame (the driver's reader), or None."""
+    frame = runs("speculative") if runs is not None else None
+    if frame is not None and not frame.empty and {"model", "draft_model", "num_draft_tokens"} <= set(frame):
+        mine = frame[(frame["model"] == model) & (frame["draft_model"] == draft)]
+        if not mine.empty:
+            mine = mine.sort_values("start_time").drop_duplicates("num_draft_tokens", keep="last")
+            best = mine.loc[mine["tok_per_s"].idxmax()]
+            return int(best["num_draft_tokens"]), (f"the best of k={sorted(int(k) for k in mine['num_draft_tokens'])} "
+                                                   f"in the store's speculative runs")
+    return default, "the profile's stacks.draft_k: no speculative runs of this target and draft in the store"
+
+
+def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_IN,
+         runs=None) -> list[TrialConfig]:
+    """The factorial core of the stacks group (``trials.stats.factorial`` estimates the effects from it).
+    Speculation uses the target's draft at its best k among the store's speculative runs (``runs``)
+    where there are some (run ``--groups speculative,stacks`` to get them), else the profile's
+    ``stacks.draft_k``."""
+    from trials.measurement.hardware import fast_precision      # torch: only when the group is planned
+
+    base = fast_precision(device)
+    configs = []
+    for entry in planning.targets(models, catalogue):
+        model = entry.name
+        settings = profile.settings(NAME, entry, device)
+        workload, repeats = planning.workload(settings), settings["repeats"]
+        if entry.default_draft:
+            k, why = best_draft_k(model, entry.default_draft, runs, settings["draft_k"])
+            log.info("stacks: %s speculates with %s at k=%d (%s)", model, entry.default_draft, k, why)
+            spec = dict(speculation="draft", draft_model=entry.default_draft, num_draft_tokens=k)
+        else:
+            spec = dict(speculation="prompt_lookup", num_draft_tokens=settings["draft_k"])
+        bits, backend = parse_cache(settings["kv_cache"])
+        kv4 = dict(kv_bits=bits, kv_backend=backend, kv_group_size=_kv_group_size(entry))
+        refused: dict[str, list[str]] = {}
+        cells = list(itertools.product((False, True), repeat=4))
+        if not settings["compile_interactions"]:   # compiled decoding joins the base stack only:
+            cells = [c for c in cells if not c[3] or not any(c[:3])]   # its main effect, no interactions
+        for weights, kv, speculation, compile_ in cells:
+            try:
+                stack = Stack(precision="nf4" if weights else base, compile=compile_,
+                              **(kv4 if kv else {}),
+                              **(spec if speculation else {}))
+                configs.append(planning.config(catalogue, NAME, entry, stack, device=device,
+                                               workload=workload, repeats=repeats))
+            except ConfigError as exc:          # a combination that cannot run: say which and why
+                parts = ["nf4"] * weights + ["kv4"] * kv + ["spec"] * speculation + ["compile"] * compile_
+                refused.setdefault(str(exc), []).append("+".join(parts))
+        for reason, names in refused.items():
+            log.warning("stacks: %s: refused at plan time: %s (%s)", model, ", ".join(names), reason)
+        # beside the design, the batch: aggregate tok/s of batch_size rows per step, plain and with
+        # the smallest weights and cache (speculation and compile stay at batch 1 here)
+        for extra in (Stack(precision=base, batch_size=settings["batch_size"]),
+                      Stack(precision="nf4", batch_size=settings["batch_size"], **kv4)):
+            configs.append(planning.config(catalogue, NAME, entry, extra, device=device,
+                                           workload=workload, repeats=repeats))
+    return configs

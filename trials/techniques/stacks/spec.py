@@ -1,0 +1,69 @@
+"""The stacks group's declaration: techniques combined in one trial, and each one's effect."""
+
+from trials.models.registry import reference_precision
+from trials.techniques.spec import ProfileKey, Technique
+
+NAME = "stacks"
+COMPILE_S = 40.0          # torch.compile of the decode step in the warm-up (CPU, inductor)
+SPEC_NEEDS_CROP = ("KV-cache quantization and speculation cannot run together: transformers' assisted "
+                   "generation must crop the cache after each rejected draft, and QuantizedCache cannot "
+                   "be cropped")
+
+
+def guard(stack) -> str | None:
+    return SPEC_NEEDS_CROP if stack.kv_bits != 16 and stack.speculation != "none" else None
+
+
+def cost(config, estimate) -> float:
+    """Once per model and workload: the base stack (full repeats) and the reference precision's
+    outputs and teacher-forced predictions; then the stack itself, with its draft's steps and, where
+    weights or cache are quantized, its own teacher-forced pass."""
+    s, w = config.stack, config.workload
+    reference = reference_precision(config.entry(), config.device)
+    ref = estimate.step(config.model, reference) or estimate.cost
+    forced = estimate.prompts * (estimate.prompt_tokens * ref.prefill_token_s + w.max_new_tokens * ref.decode_s)
+    total = estimate.once((NAME, config.model, w),
+                          estimate.generate_s(ref, w.max_new_tokens, repeats=config.repeats + 1, batch=1) + forced)
+    draft = estimate.step(s.draft_model, s.precision) if s.draft_model else None
+    if draft is not None:
+        total += w.max_new_tokens * config.repeats * estimate.prompts / 2 * s.num_draft_tokens * draft.decode_s
+    if s.kv_bits != 16 or s.precision != reference:
+        total += forced * estimate.cost.decode_s / ref.decode_s
+    return total + estimate.plain + (COMPILE_S if s.compile else 0.0)
+
+
+def select(configs: list, names: list[str], source: str) -> list:
+    """The trials whose stack is one of ``names`` (a sweep file's ``stacks:``).
+
+    ``base`` names the design's base stack, whatever precision runs fast here (bf16 where it is
+    native, fp32 on a CPU that emulates bf16), so one sweep file serves every machine."""
+    from trials.errors import ConfigError
+    from trials.measurement.hardware import fast_precision
+    from trials.stats.factorial import stack_name
+    from trials.config import Stack
+
+    planned = list(dict.fromkeys(stack_name(c.stack) for c in configs))
+    base = stack_name(Stack(precision=fast_precision(configs[0].device))) if configs else "none"
+    names = [base if name == "base" else name for name in names]
+    unknown = [name for name in names if name not in planned]
+    if unknown:
+        raise ConfigError(f"{source}: stacks: {', '.join(map(repr, unknown))} not in the stacks group's "
+                          f"plan here; planned: base ({base} here), {', '.join(n for n in planned if n != base)}")
+    return [c for c in configs if stack_name(c.stack) in names]
+
+
+SPEC = Technique(
+    NAME, "How much did optimizations help? Techniques combined in one trial", order=5,
+    guard=guard,
+    runner="trials.techniques.stacks.runner:run_stack",
+    space="trials.techniques.stacks.space:plan",
+    section="dashboard.sections.stacks",
+    reference="the base stack (fast precision, full cache, no speculation) for speed and memory "
+              "(tag baseline_source), the reference precision's greedy outputs and "
+              "teacher-forced predictions for quality (tag reference_source); each once per "
+              "worker, model and workload, reused for 30 minutes",
+    profile_keys={"draft_k": ProfileKey("int", low=1, high=64), "kv_cache": ProfileKey("cache"),
+                  "batch_size": ProfileKey("int", low=2, high=65_536),
+                  "compile_interactions": ProfileKey("bool")},
+    cost=cost, calibrates_reference=True, select=select, space_reads_store=True,
+)
