@@ -186,8 +186,8 @@ def a_new_run(uri: str) -> tuple[float, str]:
 
 
 def measure(uri: str, folder: Path, rounds: int, refresh_s: float) -> dict[str, float]:
-    from tests.ui import chromium, serve
     from dashboard.reader import open_store
+    from tests.ui import chromium, serve
 
     runs = open_store(uri)
     graphs, selectors = expected_graphs(runs)

@@ -18,18 +18,18 @@ import re
 import socket
 import sys
 import threading
-from html import escape
 from datetime import datetime
+from html import escape
 
 import dash
 from dash import Input, Output, State, dcc, html
 
 import tracking
-from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults
-from trials import groups
 from dashboard import compare
 from dashboard.reader import failed_runs, open_store, section_frame, shown, unmeasured_note
+from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults
 from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note
+from trials import groups
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}

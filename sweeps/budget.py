@@ -37,14 +37,12 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from trials.models import pypi
-
-from trials.models import zoo
+from trials import groups
 from trials.config import TrialConfig
 from trials.errors import ConfigError
-from trials.prompts import workload_prompts
-from trials import groups
+from trials.models import pypi, zoo
 from trials.models.registry import ModelEntry, reference_precision
+from trials.prompts import workload_prompts
 from trials.worker import WORKER
 
 log = logging.getLogger("sweeps.budget")

@@ -25,14 +25,13 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import tracking
 from sweeps import budget
 from sweeps.spaces import PROFILES, default_models, run_order
-import tracking
 from trials import groups
-from trials.models import pypi
-from trials.models import zoo
 from trials.config import TrialConfig, parse_memory_budget
 from trials.errors import ConfigError
+from trials.models import pypi, zoo
 from trials.models.registry import BUILT_IN, Catalogue, all_models
 
 log = logging.getLogger("sweeps")

@@ -15,8 +15,8 @@ from pathlib import Path
 from sweeps import schema
 from trials import groups
 from trials.config import KV_BACKEND_BITS, PRECISIONS, Workload, parse_cache
-from trials.prompts import PROMPT_SETS
 from trials.models.registry import ModelEntry
+from trials.prompts import PROMPT_SETS
 from trials.techniques.spec import ProfileKey
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"

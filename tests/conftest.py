@@ -38,8 +38,7 @@ def built_models_only_through_fixtures(request, monkeypatch, tmp_path_factory):
     ``real_models``), directly or through another fixture: otherwise the cache folders point at an
     empty one, so a test that forgot its fixture fails on every machine and in any file order, not
     only on a fresh one where no earlier test happened to build the models."""
-    from trials.models import pypi
-    from trials.models import zoo
+    from trials.models import pypi, zoo
     empty = tmp_path_factory.getbasetemp() / "no-models-without-a-fixture"
     empty.mkdir(exist_ok=True)
     if "tiny_zoo" not in request.fixturenames:
@@ -103,10 +102,10 @@ def between_batch_2_and_4(model: str) -> int:
     """A memory budget over batch 2's predicted peak and under batch 4's at any workload the
     quick profile may shrink to: 1.5 x batch 2's peak at the profile as written."""
     from sweeps.spaces import PROFILES
-    from trials.models import loading
-    from trials.techniques.batching.runner import equal_length_prompts, predict_peak
     from trials.config import Stack, TrialConfig
     from trials.loop import trial_prompts
+    from trials.models import loading
+    from trials.techniques.batching.runner import equal_length_prompts, predict_peak
 
     loaded = loading.load(model, "fp32", "cpu")
     config = TrialConfig(group="batching", model=model, stack=Stack(batch_size=1),

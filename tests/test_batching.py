@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 
 import tracking
-from trials.models import loading
-from trials.techniques.batching.runner import base_id, batch_rows, equal_length_prompts, parse_memory_budget
 from trials.config import ConfigError, Runtime, Stack, TrialConfig, Workload
-from trials.measurement.instruments import model_weights_bytes
-from trials.prompts import workload_prompts
 from trials.loop import compare_outputs, measure, trial_prompts
+from trials.measurement.instruments import model_weights_bytes
+from trials.models import loading
+from trials.prompts import workload_prompts
 from trials.run import run_trial
+from trials.techniques.batching.runner import base_id, batch_rows, equal_length_prompts, parse_memory_budget
 from trials.worker import WORKER
 
 TINY = Workload("mixed", 1, 8)          # 4 prompts (one per type), 8 new tokens

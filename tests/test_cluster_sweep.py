@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import tracking
+
 from conftest import mlflow_server
 
 ROOT = Path(__file__).resolve().parents[1]

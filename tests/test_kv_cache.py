@@ -20,18 +20,19 @@ import torch
 
 import tracking
 from sweeps.spaces import PROFILES
-from trials.techniques.kv_cache.space import kv_caches, plan as kv_cache_space
-from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.engines.transformers.arguments import cache_config
 from trials.engines.transformers.kv_cache import require_backend
-from trials.techniques.kv_cache.runner import check_model, expected_bytes, residual_tokens
-from trials.measurement.kv_footprint import kv_footprint
-from trials.measurement.instruments import kv_cache_bytes
-from trials.prompts import extend_to_tokens, workload_prompts
-from trials.models.registry import get_model, zoo_targets
 from trials.loop import failed_result
+from trials.measurement.instruments import kv_cache_bytes
+from trials.measurement.kv_footprint import kv_footprint
+from trials.models import loading
+from trials.models.registry import get_model, zoo_targets
+from trials.prompts import extend_to_tokens, workload_prompts
 from trials.run import run_trial
+from trials.techniques.kv_cache.runner import check_model, expected_bytes, residual_tokens
+from trials.techniques.kv_cache.space import kv_caches
+from trials.techniques.kv_cache.space import plan as kv_cache_space
 
 KV_STACKS = kv_caches(PROFILES["quick"].settings("kv_cache"))   # the quick profile's caches, full first
 QUANTIZED = [(bits, backend) for bits, backend in KV_STACKS if bits != 16]

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from trials.measurement import instruments
-
-from trials.models import zoo
 from trials.measurement.kv_footprint import CATALOGUE, KVFootprint, KVFootprintError, kv_footprint, main
+from trials.models import zoo
 
 ROOT = Path(__file__).resolve().parents[1]
 CTX = 32768  # 32k context, batch 1, 16-bit (2 bytes per element) unless stated

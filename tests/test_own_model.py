@@ -19,14 +19,15 @@ import sys
 import uuid
 
 import tracking
-from conftest import ROOT
 from sweeps.sweepfile import load_sweep
+from tracking.store import write_record
 from trials import groups
-from trials.models import zoo
 from trials.config import TrialConfig
+from trials.models import zoo
 from trials.models.registry import Catalogue
 from trials.run import run_trial
-from tracking.store import write_record
+
+from conftest import ROOT
 
 SWEEP = """models:
   - name: my-tiny

@@ -21,13 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trials.models import loading
-
-from trials.models import quantized_weights
-
-from trials.models import zoo
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.measurement.perplexity import heldout_windows, perplexity, split_windows
+from trials.models import loading, quantized_weights, zoo
 from trials.models.registry import get_model, perplexity_method
 from trials.run import run_trial
 from trials.worker import WORKER

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from trials.models import pypi
 from trials.config import Stack, TrialConfig, Workload
 from trials.measurement.kv_footprint import kv_footprint
+from trials.models import pypi
 from trials.run import run_trial
 
 SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
@@ -137,8 +137,8 @@ def test_gemma_sliding_cache_is_exact_to_the_byte_and_quantizes_its_full_layers(
     full-attention layers only, and its expected bytes are exact too."""
     import torch
 
-    from trials.models import loading
     from trials.measurement.instruments import kv_cache_bytes
+    from trials.models import loading
 
     gemma = loading.load(GEMMA, "fp32", "cpu")
     ids = torch.randint(1000, 2000, (1, 520))

@@ -15,13 +15,13 @@ import pytest
 
 import tracking
 from sweeps.spaces import PROFILES
-from trials.techniques.speculative.space import plan as speculative
-from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.loop import failed_result
+from trials.models import loading
 from trials.models.registry import get_model
 from trials.run import run_trial
 from trials.stats.theory import expected_tokens_per_pass, leviathan
+from trials.techniques.speculative.space import plan as speculative
 
 TOKENS = 24          # a multiple of k+1 for k in {1, 2, 3, 5}: no round is cut short by the limit
 

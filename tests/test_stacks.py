@@ -17,14 +17,14 @@ import pytest
 
 import tracking
 from sweeps.spaces import PROFILES
-from trials.techniques.stacks.space import plan as stacks_space
-from trials.models import loading
 from trials.config import ConfigError, Stack, TrialConfig, Workload
-from trials.stats.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
 from trials.measurement.hardware import fast_precision
 from trials.measurement.kv_footprint import kv_footprint
+from trials.models import loading
 from trials.models.registry import get_model
 from trials.run import run_trial
+from trials.stats.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
+from trials.techniques.stacks.space import plan as stacks_space
 
 STACKS = PROFILES["quick"].settings("stacks", get_model("tiny-gqa"), "cpu")   # the quick profile's stacks settings
 FACTORS = ("weights", "kv", "spec", "compile")
@@ -209,8 +209,9 @@ def test_compiled_kernels_are_cached_per_cpu_capability(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    from conftest import ROOT
     from trials.engines.transformers import compiled
+
+    from conftest import ROOT
     code = ("from trials.engines.transformers import compiled\n"
             "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
             "cache_dir()\n"                                   # inductor writes its default, as a load does

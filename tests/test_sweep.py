@@ -10,9 +10,9 @@ import pytest
 import requests
 
 import tracking
-from conftest import QUICK_SWEEP_GROUPS, mlflow_server, run_sweep
 from trials.measurement.hardware import cpu_profile
 
+from conftest import QUICK_SWEEP_GROUPS, mlflow_server, run_sweep
 
 
 def _main(argv: list[str], capsys) -> tuple[int, str, str]:

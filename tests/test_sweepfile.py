@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 
-from conftest import ROOT
 from sweeps.sizing import GROUP_FIELDS, WORKLOAD_FIELDS
 from sweeps.spaces import PROFILES
 from sweeps.sweepfile import load_sweep
 from trials import groups
 from trials.models import zoo
 from trials.models.registry import Catalogue, get_model
+
+from conftest import ROOT
 
 EXAMPLE = ROOT / "sweeps" / "examples" / "my-sweep.yaml"
 
@@ -79,7 +80,7 @@ def test_the_readme_example_is_the_file_and_plans_offline(tiny_zoo):
     stacks = groups.get("stacks").select(planned["stacks"], sweep.stacks, sweep.source)
     assert {c.model for c in stacks} == set(sweep.models) and len(stacks) == len(sweep.stacks) * len(sweep.models)
     # "base" is the design's base stack on any CPU: bf16 where it is native, fp32 where it is emulated
-    from trials.stats.factorial import stack_name
     from trials.measurement.hardware import fast_precision
+    from trials.stats.factorial import stack_name
 
     assert "base" in sweep.stacks and fast_precision("cpu") in {stack_name(c.stack) for c in stacks}

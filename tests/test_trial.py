@@ -7,11 +7,10 @@ import sys
 import pytest
 import torch
 
-from trials.models import zoo
 from trials.config import ConfigError, Stack, TrialConfig, Workload
 from trials.measurement.kv_footprint import kv_footprint
+from trials.models import zoo
 from trials.run import run_trial
-
 
 
 def _config(model="tiny-gqa", precision="fp32", **kw):

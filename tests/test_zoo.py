@@ -13,8 +13,8 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trials.models import zoo
 from trials.measurement.hardware import cpu_profile
+from trials.models import zoo
 
 REPO = Path(__file__).resolve().parents[1]
 CARD_FIELDS = (

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from trials import groups
 from trials.errors import ConfigError
-from trials.prompts import PROMPT_SETS
 from trials.models.registry import ModelEntry, entry_from_dict, get_model, max_positions
+from trials.prompts import PROMPT_SETS
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
 QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")   # loaded through a transformers quantizer (trials.models.quantized_weights)

@@ -45,6 +45,7 @@ import functools
 from dataclasses import dataclass
 
 from trials.models import corpus
+
 PROMPT_TYPES = ("code", "prose", "structured", "repetitive")
 
 MIN_PROMPT_CHARS = 150

@@ -25,6 +25,8 @@ from types import ModuleType
 from typing import Callable, Protocol, runtime_checkable
 
 from trials import groups
+
+
 @runtime_checkable
 class Section(Protocol):
     GROUP: str

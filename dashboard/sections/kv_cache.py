@@ -28,11 +28,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import trial_seconds
 from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, count_range, device_names,
-                                       finished_only, has, latest, oom_crosses, oom_rows, points)
-from trials.models import zoo
+                                       finished_only, has, latest, oom_crosses, oom_rows, points, trial_seconds)
 from trials.measurement.kv_footprint import CATALOGUE, KVFootprintError, kv_footprint
+from trials.models import zoo
 
 GROUP = "kv_cache"
 TITLE = "KV-cache quantization — does it actually help?"

@@ -24,7 +24,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from dashboard.sections.common import TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, count_range, has, latest
+from dashboard.sections.common import MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, count_range, has, latest
 from trials.config import Stack, TrialConfig, Workload
 from trials.engines.transformers.arguments import as_code, stack_arguments
 from trials.models.registry import entry_from_dict, reference_precision

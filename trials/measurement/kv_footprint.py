@@ -51,6 +51,7 @@ import sys
 from typing import Any
 
 from trials.models import zoo
+
 __all__ = ["CATALOGUE", "KVFootprint", "KVFootprintError", "LayerGroup", "kv_footprint", "load_config", "main"]
 
 

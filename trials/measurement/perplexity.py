@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trials.models.corpus import PerplexityMethod, build_corpus
 from trials.errors import ConfigError
+from trials.models.corpus import PerplexityMethod, build_corpus
 
 LOGITS_BUDGET = 64 * 1024 * 1024       # fp32 logits per scoring chunk (elements)
 

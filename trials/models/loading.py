@@ -21,15 +21,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trials.models import pypi
-
-from trials.models import quantized_weights
-
-from trials.models import zoo
-from trials.errors import ConfigError
-from trials.measurement.hardware import DTYPES
 from trials.engines.transformers.arguments import load_arguments
 from trials.engines.transformers.materialize import materialize_all
+from trials.errors import ConfigError
+from trials.measurement.hardware import DTYPES
+from trials.models import pypi, quantized_weights, zoo
 from trials.models.registry import ModelEntry, get_model
 from trials.worker import WORKER, model_cache_size
 

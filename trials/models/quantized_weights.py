@@ -33,13 +33,13 @@ import time
 
 import torch
 
-from trials.models import zoo
-from trials.models.corpus import SOURCES, Document, build_corpus
+from trials.engines.transformers.arguments import load_arguments
+from trials.engines.transformers.materialize import materialize, materialize_all
 from trials.errors import ConfigError
 from trials.measurement.hardware import DTYPES
 from trials.measurement.perplexity import split_windows, token_stream
-from trials.engines.transformers.arguments import load_arguments
-from trials.engines.transformers.materialize import materialize, materialize_all
+from trials.models import zoo
+from trials.models.corpus import SOURCES, Document, build_corpus
 from trials.models.registry import ModelEntry, perplexity_method, reference_precision
 from trials.worker import WORKER
 

@@ -19,11 +19,9 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 
-from trials.models import pypi
-
-from trials.models import zoo
-from trials.models.corpus import PerplexityMethod, real_text
 from trials.errors import ConfigError
+from trials.models import pypi, zoo
+from trials.models.corpus import PerplexityMethod, real_text
 
 
 @dataclass(frozen=True)

@@ -436,7 +436,7 @@ def heldout_windows(set_name: str, ids: dict | None = None):
 
 def heldout_perplexity(model, windows) -> float:
     """exp(mean next-token NLL) over the windows, every target scored (``trials.measurement.perplexity``)."""
-    from trials.measurement.perplexity import score_windows      # torch: imported only by a build
+    from trials.measurement.perplexity import score_windows  # torch: imported only by a build
 
     model.eval()
     nll_sum, tokens = score_windows(model, windows)

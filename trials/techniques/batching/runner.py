@@ -43,13 +43,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trials.models import loading
 from trials.config import Runtime, TrialConfig, human_bytes, parse_memory_budget
-from trials.errors import ConfigError
-from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
 from trials.engines.transformers.generation import prepare
-from trials.loop import OOM, TrialResult, free_memory, compare_outputs, failed_result, finish, measure, trial_prompts
+from trials.errors import ConfigError
+from trials.loop import OOM, TrialResult, compare_outputs, failed_result, finish, free_memory, measure, trial_prompts
 from trials.measurement.instruments import model_weights_bytes
+from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
+from trials.models import loading
 from trials.prompts import Prompt
 from trials.stats.theory import roofline_tok_per_s
 from trials.worker import WORKER

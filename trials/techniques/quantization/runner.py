@@ -47,15 +47,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trials.models import loading
 from trials.config import Runtime, Stack, TrialConfig
-from trials.measurement.hardware import DTYPES
 from trials.engines.transformers.generation import prepare
 from trials.loop import TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.measurement.hardware import DTYPES
 from trials.measurement.perplexity import Perplexity, PerplexityMethod, perplexity
-from trials.prompts import Prompt
+from trials.models import loading
 from trials.models.quantized_weights import compute_dtype
 from trials.models.registry import perplexity_method, reference_precision
+from trials.prompts import Prompt
 from trials.worker import WORKER
 
 NOMINAL_BITS = {"int8": 8, "nf4": 4, "gptq": 4}

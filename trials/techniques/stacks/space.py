@@ -57,7 +57,7 @@ def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_I
     Speculation uses the target's draft at its best k among the store's speculative runs (``runs``)
     where there are some (run ``--groups speculative,stacks`` to get them), else the profile's
     ``stacks.draft_k``."""
-    from trials.measurement.hardware import fast_precision      # torch: only when the group is planned
+    from trials.measurement.hardware import fast_precision  # torch: only when the group is planned
 
     base = fast_precision(device)
     configs = []

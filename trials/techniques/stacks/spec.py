@@ -37,10 +37,10 @@ def select(configs: list, names: list[str], source: str) -> list:
 
     ``base`` names the design's base stack, whatever precision runs fast here (bf16 where it is
     native, fp32 on a CPU that emulates bf16), so one sweep file serves every machine."""
+    from trials.config import Stack
     from trials.errors import ConfigError
     from trials.measurement.hardware import fast_precision
     from trials.stats.factorial import stack_name
-    from trials.config import Stack
 
     planned = list(dict.fromkeys(stack_name(c.stack) for c in configs))
     base = stack_name(Stack(precision=fast_precision(configs[0].device))) if configs else "none"
