@@ -64,11 +64,14 @@ def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
 
 def results_page(uri: str, frames: dict[str, pd.DataFrame], command: str) -> str:
     """The results page: when, by which command and code it was generated, then ``report``."""
-    shas = sorted({str(s)[:12] for f in frames.values() if "tags.env.git_sha" in f for s in f["tags.env.git_sha"].dropna()})
+    def values(column: str, width: int = 100) -> str:
+        found = sorted({str(v)[:width] for f in frames.values() if column in f for v in f[column].dropna()})
+        return ", ".join(found) or "unknown"
+
     header = ["# Results", "",
               f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}`, from the runs of "
-              f"git {', '.join(shas) or 'unknown'}. Regenerate it with the same command; do not edit it by hand.",
-              ""]
+              f"git {values('tags.env.git_sha', 12)} (profile {values('tags.profile')}). Regenerate it with "
+              "the same command; do not edit it by hand.", "", ""]
     return "\n".join(header) + report(uri, frames)
 
 

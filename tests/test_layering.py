@@ -209,3 +209,11 @@ def test_a_technique_declared_outside_runs_from_plan_to_export(tiny_zoo, tmp_pat
                             capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert report.returncode == 0 and "distinct tokens |" in report.stdout, report.stderr[-2000:]
 
+
+
+def test_the_readme_is_a_manual_and_links_the_generated_results():
+    """README: at most 200 lines; measured figures live in docs/results.md, which llm-report writes."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert "(docs/results.md)" in readme and (ROOT / "docs" / "results.md").is_file()
+    assert (ROOT / "docs" / "results.md").read_text().startswith("# Results\n\nGenerated ")
