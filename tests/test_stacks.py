@@ -23,7 +23,7 @@ from trials.measurement.kv_footprint import kv_footprint
 from trials.models import loading
 from trials.models.registry import get_model
 from trials.run import run_trial
-from trials.stats.factorial import FACTOR_TAG, effects, stack_factors, stack_name, t_interval
+from trials.stats.factorial import FACTOR_TAG, effects, stack_factors, t_interval
 from trials.techniques.stacks.space import plan as stacks_space
 
 STACKS = PROFILES["quick"].settings("stacks", get_model("tiny-gqa"), "cpu")   # the quick profile's stacks settings
@@ -109,20 +109,20 @@ def test_the_space_is_the_design_per_target_with_stated_parts():
     configs = stacks_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
     assert {c.model for c in configs} == {"tiny-gqa"}
     batched = [c for c in configs if c.stack.batch_size != 1]
-    assert [stack_name(c.stack) for c in batched] == [f"b{STACKS['batch_size']}", f"nf4+kv4+b{STACKS['batch_size']}"]
+    assert [c.stack.design_name for c in batched] == [f"b{STACKS['batch_size']}", f"nf4+kv4+b{STACKS['batch_size']}"]
     configs = [c for c in configs if c.stack.batch_size == 1]
     cells = [stack_factors(c.stack) for c in configs]
     assert len({tuple(f.values()) for f in cells}) == len(configs) == 7       # 16 less the 9 refused
     assert not any(f["kv"] and f["spec"] or f["compile"] and (f["kv"] or f["spec"] or f["weights"]) for f in cells)
     assert len({c.config_hash for c in configs}) == 7
     base = configs[0].stack
-    assert base == Stack(precision=fast_precision("cpu")) and stack_name(base) == fast_precision("cpu")
+    assert base == Stack(precision=fast_precision("cpu")) and base.design_name == fast_precision("cpu")
     spec = [c.stack for c in configs if c.stack.speculation != "none"]
     assert {(s.draft_model, s.num_draft_tokens) for s in spec} == {("tiny-draft", STACKS["draft_k"])}
     assert all(c.repeats >= 2 for c in configs)          # an interval needs two repeats
-    assert [stack_name(c.stack) for c in configs][-1] == "nf4+kv4"
-    assert "compile" in {stack_name(c.stack) for c in configs}
-    assert "nf4+compile" not in {stack_name(c.stack) for c in configs}
+    assert [c.stack.design_name for c in configs][-1] == "nf4+kv4"
+    assert "compile" in {c.stack.design_name for c in configs}
+    assert "nf4+compile" not in {c.stack.design_name for c in configs}
 
 
 def test_combinations_that_cannot_run_are_refused_with_the_reason():

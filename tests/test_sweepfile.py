@@ -81,6 +81,5 @@ def test_the_readme_example_is_the_file_and_plans_offline(tiny_zoo):
     assert {c.model for c in stacks} == set(sweep.models) and len(stacks) == len(sweep.stacks) * len(sweep.models)
     # "base" is the design's base stack on any CPU: bf16 where it is native, fp32 where it is emulated
     from trials.measurement.hardware import fast_precision
-    from trials.stats.factorial import stack_name
 
-    assert "base" in sweep.stacks and fast_precision("cpu") in {stack_name(c.stack) for c in stacks}
+    assert "base" in sweep.stacks and fast_precision("cpu") in {c.stack.design_name for c in stacks}

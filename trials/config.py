@@ -23,7 +23,8 @@ from trials.models.registry import ModelEntry, entry_from_dict, get_model, max_p
 from trials.prompts import PROMPT_SETS
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
-QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")   # loaded through a transformers quantizer (trials.models.quantized_weights)
+QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")
+FOUR_BIT_WEIGHTS = ("nf4", "gptq")            # the stacks design's "weights" factor   # loaded through a transformers quantizer (trials.models.quantized_weights)
 KV_BITS = (16, 8, 4, 2)
 KV_BACKENDS = ("none", "hqq", "quanto")      # transformers' QuantizedCache backends
 KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2)}   # of KV_BITS, what each backend packs
@@ -103,6 +104,21 @@ class Stack:
                    f"compiled decoding and {self.precision} weights cannot run together: transformers "
                    "does not compile a model whose quantizer is not compileable (bitsandbytes, GPTQ), "
                    "so generate() would decode uncompiled")
+
+    @property
+    def design_name(self) -> str:
+        """The stacks design's name for it, which its charts and a sweep file's ``stacks:`` use:
+        ``fp32`` or ``bf16`` (a base), ``nf4``, ``kv4``, ``spec``, ``nf4+kv4+spec``, ``b4``, ``compile``."""
+        parts = [self.precision] if self.precision in FOUR_BIT_WEIGHTS else []
+        if self.kv_bits != 16:
+            parts.append(f"kv{self.kv_bits}")
+        if self.speculation != "none":
+            parts.append("spec")
+        if self.batch_size != 1:
+            parts.append(f"b{self.batch_size}")
+        if self.compile:
+            parts.append("compile")
+        return "+".join(parts) or self.precision
 
     @property
     def label(self) -> str:

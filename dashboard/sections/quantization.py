@@ -27,7 +27,7 @@ from plotly.colors import qualitative
 
 from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, WHISKERS, count_range, device_names, has,
                                        latest, precision_order, spread_error_bars)
-from trials.config import PRECISIONS
+from trials.config import FOUR_BIT_WEIGHTS, PRECISIONS
 
 GROUP = "quantization"
 TITLE = "Quantization — bf16 / 8-bit / 4-bit"
@@ -39,7 +39,6 @@ PARETO_ID, PERPLEXITY_ID = "quantization-pareto", "quantization-perplexity"
 THROUGHPUT_ID, MEMORY_ID = "quantization-throughput", "quantization-memory"
 
 INT8_TOLERANCE = 0.02          # "8-bit within a small delta of bf16": relative perplexity change
-FOUR_BIT = ("nf4", "gptq")
 COLORS = dict(zip(PRECISIONS, qualitative.Plotly))
 LAYOUT = dict(template=TEMPLATE, margin=dict(l=60, r=20, t=60, b=50), height=420)
 QUALITY = PROVENANCE + Hover(
@@ -249,7 +248,7 @@ def ordering_breaks(rows: pd.DataFrame) -> list[str]:
         if "int8" in ppl and "bf16" in ppl and abs(ppl["int8"] / ppl["bf16"] - 1) > INT8_TOLERANCE:
             breaks.append(f"{model}: int8 perplexity {ppl['int8']:.3f} is more than "
                           f"{INT8_TOLERANCE:.0%} away from bf16's {ppl['bf16']:.3f}")
-        for four in FOUR_BIT:
+        for four in FOUR_BIT_WEIGHTS:
             if four in ppl and "int8" in ppl and ppl[four] < ppl["int8"]:
                 breaks.append(f"{model}: {four} perplexity {ppl[four]:.3f} is below int8's "
                               f"{ppl['int8']:.3f}")

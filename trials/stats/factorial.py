@@ -33,30 +33,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from trials.config import FOUR_BIT_WEIGHTS
+
 FACTOR_TAG = "factor."          # tags.factor.<name> = "0" | "1" on every stacks run
-FOUR_BIT = ("nf4", "gptq")
 FACTORS = ("weights", "kv", "spec", "compile")    # the design's factors, in the order charts list them
 
 
 def stack_factors(stack) -> dict[str, bool]:
     """Which of the design's binary factors a stack turns on (off: the base stack's level)."""
-    return {"weights": stack.precision in FOUR_BIT, "kv": stack.kv_bits != 16,
+    return {"weights": stack.precision in FOUR_BIT_WEIGHTS, "kv": stack.kv_bits != 16,
             "spec": stack.speculation != "none", "compile": stack.compile}
-
-
-def stack_name(stack) -> str:
-    """The name users read on the charts: ``fp32`` (the base), ``nf4``, ``kv4``, ``spec``,
-    ``nf4+kv4+spec``, ``nf4+kv4+b4``..."""
-    parts = [stack.precision] if stack.precision in FOUR_BIT else []
-    if stack.kv_bits != 16:
-        parts.append(f"kv{stack.kv_bits}")
-    if stack.speculation != "none":
-        parts.append("spec")
-    if stack.batch_size != 1:
-        parts.append(f"b{stack.batch_size}")
-    if stack.compile:
-        parts.append("compile")
-    return "+".join(parts) or stack.precision
 
 
 @dataclass(frozen=True)

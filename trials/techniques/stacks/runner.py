@@ -32,7 +32,7 @@ from trials.measurement.hardware import fast_precision
 from trials.models import loading
 from trials.models.registry import reference_precision
 from trials.prompts import Prompt
-from trials.stats.factorial import FACTOR_TAG, stack_factors, stack_name
+from trials.stats.factorial import FACTOR_TAG, stack_factors
 from trials.techniques.kv_cache.runner import Reference, check_model, quality_metrics, teacher_forced
 from trials.worker import WORKER
 
@@ -106,7 +106,7 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
         quality = quality_metrics(ref.logprobs, logprobs, targets)
         metrics.update({k: quality[k] for k in ("kl_divergence", "kl_divergence_max",
                                                 "teacher_forced_top1_match", "teacher_forced_tokens")})
-    tags = {"stack_name": stack_name(stack), "reference_source": ref_source,
+    tags = {"stack_name": stack.design_name, "reference_source": ref_source,
             "reference_precision": reference_precision(config.entry(), config.device),
             "parts": describe(config), "user_code": prepared.code}
     if stack.speculation != "none":

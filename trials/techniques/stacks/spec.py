@@ -40,16 +40,15 @@ def select(configs: list, names: list[str], source: str) -> list:
     from trials.config import Stack
     from trials.errors import ConfigError
     from trials.measurement.hardware import fast_precision
-    from trials.stats.factorial import stack_name
 
-    planned = list(dict.fromkeys(stack_name(c.stack) for c in configs))
-    base = stack_name(Stack(precision=fast_precision(configs[0].device))) if configs else "none"
+    planned = list(dict.fromkeys(c.stack.design_name for c in configs))
+    base = Stack(precision=fast_precision(configs[0].device)).design_name if configs else "none"
     names = [base if name == "base" else name for name in names]
     unknown = [name for name in names if name not in planned]
     if unknown:
         raise ConfigError(f"{source}: stacks: {', '.join(map(repr, unknown))} not in the stacks group's "
                           f"plan here; planned: base ({base} here), {', '.join(n for n in planned if n != base)}")
-    return [c for c in configs if stack_name(c.stack) in names]
+    return [c for c in configs if c.stack.design_name in names]
 
 
 SPEC = Technique(
