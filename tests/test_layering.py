@@ -185,30 +185,41 @@ def test_no_code_outside_a_technique_names_it():
     assert not found, "\n".join(found)
 
 
+TOY_END_TO_END = """
+import sys
+import tracking
+from dashboard import export, report
+from sweeps.spaces import PROFILES
+from trials import groups
+from trials.run import run_trial
+
+uri, out = sys.argv[1], sys.argv[2]
+tracking.prepare_store(uri)
+[config] = groups.get("toy").plan(["tiny-gqa"], PROFILES["quick"], "cpu")
+result = run_trial(config)
+assert result.status == "FINISHED", result.error
+tracking.log_trial(uri, result)
+assert export.main(["--tracking-uri", uri, "--out", out]) == 0
+sys.exit(report.main(["--tracking-uri", uri]))
+"""
+
+
 def test_a_technique_declared_outside_runs_from_plan_to_export(tiny_zoo, tmp_path):
-    """tests/toy_technique.py, named in $LLM_SWEEPS_TECHNIQUES, is planned and run by the real sweep
-    (Ray Tune, a sqlite store), drawn by the export and tabled by the report, with no line of the
-    project changed: what a technique is lives in its own folder (here, its own module)."""
+    """tests/toy_technique.py, named in $LLM_SWEEPS_TECHNIQUES, is planned, run, logged to a real store,
+    drawn by the export and tabled by the report in a fresh process, with no line of the project
+    changed: what a technique is lives in its own folder (here, its own module). (The sweep's Ray
+    path is the same for every technique: tests/test_sweep.py.)"""
     import os
 
     env = {**os.environ, "LLM_SWEEPS_TECHNIQUES": "toy_technique",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    sweep = subprocess.run([sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "toy", "--models",
-                            "tiny-gqa", "--budget", "none", "--workers", "1", "--tracking-uri", uri],
-                           capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
-    assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
-    assert "1 finished, 0 failed" in sweep.stdout, sweep.stdout[-2000:]
-    out = tmp_path / "report.html"
-    export = subprocess.run([sys.executable, str(ROOT / "dashboard" / "export.py"), "--tracking-uri", uri,
-                             "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
-    assert export.returncode == 0, export.stderr[-2000:]
+    uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-c", TOY_END_TO_END, uri, str(out)], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Toy: a technique declared outside the project" in out.read_text()
     assert "distinct tokens" in out.read_text()            # the toy section's chart
-    report = subprocess.run([sys.executable, "-m", "dashboard.report", "--tracking-uri", uri],
-                            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert report.returncode == 0 and "distinct tokens |" in report.stdout, report.stderr[-2000:]
-
+    assert "distinct tokens |" in done.stdout               # its report table
 
 
 def test_the_readme_is_a_manual_and_links_the_generated_results():

@@ -4,9 +4,8 @@ rebuilds their configs in any process, with nothing registered there.
 The sweep file declares two: a local folder (a copy of the tiny zoo's tiny-gqa under another name)
 and a hub id. There is no hub here, so only the download is replaced: the hub id's files are put in
 a Hugging Face cache folder beforehand and its trials run with ``HF_HUB_OFFLINE=1`` (in fresh
-processes, where that cache is read). Trials are planned from the file; the export, the best-stack
-card's reproduce commands and the trial CLI then run in fresh processes, as a teammate opening the
-store would.
+processes, where that cache is read). Trials are planned from the file; the export then draws them in a fresh process, as a
+teammate opening the store would, and each card's reproduce command is the run's exact config.
 """
 
 from __future__ import annotations
@@ -99,10 +98,10 @@ def test_a_sweep_files_own_models_are_rebuilt_by_every_reader_in_a_fresh_process
     assert "my-tiny" in page and "my-hub" in page and "unknown model" not in page
     assert page.count("python -m trials.run --config") >= 2
 
-    # ... whose reproduce command reruns the trial (same config hash), nothing registered
+    # ... whose reproduce command is the run's exact config (the trial CLI runs it: tests/test_trial.py)
     from dashboard.sections.stacks import reproduce
 
-    row = tracking.runs_frame(uri, "stacks").query("model == 'my-hub'").iloc[0]
-    command, _ = reproduce(row)
-    config = json.loads(command.split("--config '", 1)[1].rstrip("'"))
-    assert _trial_cli(config, hub_env)["config_hash"] == row["tags.config_hash"]
+    for _, row in tracking.runs_frame(uri, "stacks").iterrows():
+        command, _ = reproduce(row)
+        config = TrialConfig.from_dict(json.loads(command.split("--config '", 1)[1].rstrip("'")))
+        assert config.config_hash == row["tags.config_hash"] and config.declared, row["model"]
