@@ -257,6 +257,20 @@ class Estimate:
         """Warm-up plus ``repeats`` timed passes of the trial's prompts (``trials.loop.measure``)."""
         return _generate_s(cost, self.prompts, self.prompt_tokens, new_tokens, repeats, batch)
 
+    def draft_s(self) -> float:
+        """The draft model's steps of a speculative trial: k per round, about two tokens per target
+        pass (0 for prompt lookup, or a draft that could not load)."""
+        s, w = self.config.stack, self.config.workload
+        draft = self.step(s.draft_model, s.precision) if s.draft_model else None
+        if draft is None:
+            return 0.0
+        return w.max_new_tokens * self.config.repeats * self.prompts / 2 * s.num_draft_tokens * draft.decode_s
+
+    def teacher_forced_s(self, cost: StepCost) -> float:
+        """One teacher-forced pass at ``cost``: each prompt pre-filled, then its last new tokens fed."""
+        return self.prompts * (self.prompt_tokens * cost.prefill_token_s
+                               + self.config.workload.max_new_tokens * cost.decode_s)
+
     def once(self, key, seconds: float) -> float:
         """``seconds`` the first time ``key`` is met (a reference a worker measures once), else 0."""
         if key in self.references:

@@ -52,23 +52,27 @@ def _groups() -> tuple[Technique, ...]:
     return _discover()
 
 
+@functools.cache
+def _by_name() -> dict[str, Technique]:
+    return {g.name: g for g in _groups()}
+
+
 def __getattr__(name: str):
     """``GROUPS`` (in page order), ``BY_NAME`` and ``NAMES``, found on first use: a technique's own
     module may import ``trials.config``, which imports this module."""
     if name == "GROUPS":
         return _groups()
     if name == "BY_NAME":
-        return {g.name: g for g in _groups()}
+        return dict(_by_name())
     if name == "NAMES":
         return tuple(g.name for g in _groups())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get(name: str) -> Technique:
-    found = {g.name: g for g in _groups()}
-    if name not in found:
-        raise ConfigError(f"unknown group {name!r}; valid: {', '.join(found)}")
-    return found[name]
+    if name not in _by_name():
+        raise ConfigError(f"unknown group {name!r}; valid: {', '.join(_by_name())}")
+    return _by_name()[name]
 
 
 def implemented() -> list[str]:

@@ -15,9 +15,8 @@ def guard(stack) -> str | None:
 def cost(config, estimate) -> float:
     """The full-precision reference (once per model and workload), then the cache under test, each
     with a teacher-forced pass over the last ``max_new_tokens`` tokens of every prompt."""
-    s, w, step = config.stack, config.workload, estimate.cost
-    teacher_forced = estimate.prompts * (estimate.prompt_tokens * step.prefill_token_s
-                                         + w.max_new_tokens * step.decode_s)
+    s, w = config.stack, config.workload
+    teacher_forced = estimate.teacher_forced_s(estimate.cost)
     total = estimate.once((NAME, config.model, s.precision, w), estimate.plain + teacher_forced)
     factor = HQQ_FACTOR if s.kv_backend == "hqq" else 1.0
     return total + (estimate.plain + teacher_forced) * factor

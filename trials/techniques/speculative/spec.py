@@ -19,12 +19,7 @@ def cost(config, estimate) -> float:
     speculative run: about as long, give or take the speedup, plus the draft's steps."""
     s, w = config.stack, config.workload
     total = estimate.once((NAME, config.model, s.precision, w), estimate.plain)
-    draft = estimate.step(s.draft_model, s.precision) if s.draft_model else None
-    extra = 0.0
-    if draft is not None:
-        passes = w.max_new_tokens * config.repeats * estimate.prompts / 2      # ~2 tokens per target pass
-        extra = passes * s.num_draft_tokens * draft.decode_s
-    return total + estimate.plain + extra
+    return total + estimate.plain + estimate.draft_s()
 
 
 SPEC = Technique(

@@ -21,12 +21,10 @@ def cost(config, estimate) -> float:
     s, w = config.stack, config.workload
     reference = reference_precision(config.entry(), config.device)
     ref = estimate.step(config.model, reference) or estimate.cost
-    forced = estimate.prompts * (estimate.prompt_tokens * ref.prefill_token_s + w.max_new_tokens * ref.decode_s)
+    forced = estimate.teacher_forced_s(ref)
     total = estimate.once((NAME, config.model, w),
                           estimate.generate_s(ref, w.max_new_tokens, repeats=config.repeats + 1, batch=1) + forced)
-    draft = estimate.step(s.draft_model, s.precision) if s.draft_model else None
-    if draft is not None:
-        total += w.max_new_tokens * config.repeats * estimate.prompts / 2 * s.num_draft_tokens * draft.decode_s
+    total += estimate.draft_s()
     if s.kv_bits != 16 or s.precision != reference:
         total += forced * estimate.cost.decode_s / ref.decode_s
     return total + estimate.plain + (COMPILE_S if s.compile else 0.0)
