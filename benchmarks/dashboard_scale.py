@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 import tracking
 from trials.config import TrialConfig
-from trials.groups import NAMES as GROUPS
+from trials import groups
 from trials.loop import TrialResult
 
 TARGETS = {"first render": 1.5, "selector change (worst)": 0.3}
@@ -44,7 +44,7 @@ def _log(message: str) -> None:
 def source_results(uri: str) -> list[TrialResult]:
     """Every run of the source store, rebuilt from its trial.json as the trial returned it."""
     results = []
-    for group in GROUPS:
+    for group in groups.NAMES:
         frame = tracking.runs_frame(uri, group, status=None)
         for run_id in frame.get("run_id", []):
             data = tracking.read_trial_artifact(uri, run_id)
@@ -56,7 +56,7 @@ def source_results(uri: str) -> list[TrialResult]:
 
 
 def count_runs(uri: str) -> int:
-    return sum(len(tracking.runs_frame(uri, group, status=None)) for group in GROUPS)
+    return sum(len(tracking.runs_frame(uri, group, status=None)) for group in groups.NAMES)
 
 
 def seed(source: str, target: str, runs: int) -> None:

@@ -283,10 +283,13 @@ def _backend_for_kv() -> tuple[str, str]:
 
 
 def plan(built: dict[str, Built], args) -> list[Planned]:
-    """The trials, model by model, in chart-group order; compiled decoding last in each model (it is
-    the slowest to warm up). Stacks are chosen within each group's guard (``trials.groups``)."""
-    from trials.config import Stack, TrialConfig, Workload
+    """The trials, model by model, in chart-group order, each technique's own ``device_checks``
+    (``trials.techniques.<name>.spec``); compiled decoding last in each model (it is the slowest to
+    warm up)."""
+    from trials import groups
+    from trials.config import TrialConfig, Workload
     from trials.errors import ConfigError
+    from trials.techniques.spec import DeviceSetup
 
     cuda = args.device == "cuda"
     fast, other = ("bf16", "fp16") if cuda else ("fp32", "bf16")   # fp16 is refused on CPU
@@ -297,36 +300,24 @@ def plan(built: dict[str, Built], args) -> list[Planned]:
     bnb = "" if importlib.util.find_spec("bitsandbytes") else "bitsandbytes"
     out = []
     for key, b in built.items():
-        rows = [
-            ("baseline", Stack(precision=fast), short, "", 20),
-            ("baseline", Stack(precision=other), short, "", 20),
-            ("kv_cache", Stack(precision=fast), long, "", 30),
-            ("kv_cache", Stack(precision=fast, kv_bits=4, kv_backend=kv_backend), long, kv_missing, 30),
-            *[("batching", Stack(precision=fast, batch_size=n), short, "", 20) for n in args.batches],
-            ("quantization", Stack(precision=fast), short, "", 30),
-            ("quantization", Stack(precision=other), short, "", 20),
-            ("quantization", Stack(precision="int8"), short, bnb, 5),
-            ("quantization", Stack(precision="nf4"), short, bnb, 5),
-            ("speculative", Stack(precision=fast, speculation="prompt_lookup", num_draft_tokens=4),
-             short, "", 20),
-            ("speculative", Stack(precision=fast, speculation="draft", draft_model=b.draft,
-                                  num_draft_tokens=4), short, "", 20),
-            ("stacks", Stack(precision=fast), short, "", 30),
-            ("stacks", Stack(precision=fast, compile=True), short, "", 90),
-        ]
-        for group, stack, workload, missing, min_s in rows:
-            if group not in args.groups:
+        setup = DeviceSetup(args.device, fast, other, kv_backend, kv_missing, bnb,
+                            tuple(args.batches), b.draft)
+        for technique in groups.GROUPS:
+            if technique.name not in args.groups or technique.device_checks is None:
                 continue
-            label = stack.label.replace(f"draft(k={stack.num_draft_tokens})",
-                                        f"draft{DRAFT_LAYERS[args.small]}l(k={stack.num_draft_tokens})")
-            if workload.context_tokens:
-                label += f" @{workload.context_tokens}"
-            try:
-                config = TrialConfig(group=group, model=b.folder, device=args.device, stack=stack,
-                                     workload=workload, repeats=args.repeats)
-                out.append(Planned(group, key, config, label, missing, min_s))
-            except ConfigError as exc:
-                out.append(Planned(group, key, None, label, error=f"ConfigError: {exc}"))
+            for check in technique.device_checks(setup):
+                stack, workload = check.stack, long if check.long_context else short
+                label = stack.label.replace(f"draft(k={stack.num_draft_tokens})",
+                                            f"draft{DRAFT_LAYERS[args.small]}l(k={stack.num_draft_tokens})")
+                if workload.context_tokens:
+                    label += f" @{workload.context_tokens}"
+                try:
+                    config = TrialConfig(group=technique.name, model=b.folder, device=args.device,
+                                         stack=stack, workload=workload, repeats=args.repeats)
+                    out.append(Planned(technique.name, key, config, label, check.needs,
+                                       check.min_budget_s))
+                except ConfigError as exc:
+                    out.append(Planned(technique.name, key, None, label, error=f"ConfigError: {exc}"))
     # compiled decoding last in each model, models in order
     return sorted(out, key=lambda p: (list(built).index(p.model), p.config is not None
                                       and p.config.stack.compile))
@@ -607,8 +598,8 @@ def parse_args(argv):
     parser.add_argument("--small", action="store_true",
                         help="tiny versions of the configs (2 layers, hidden 128, vocab 4096): test the flow")
     parser.add_argument("--models", default=",".join(ARCHS), help=f"comma list of {', '.join(ARCHS)}")
-    parser.add_argument("--groups", default="baseline,kv_cache,batching,quantization,speculative,stacks",
-                        help="comma list of chart groups to run")
+    parser.add_argument("--groups", default=None,
+                        help="comma list of chart groups to run (default: every group with device checks)")
     parser.add_argument("--new-tokens", type=int, default=None,
                         help="new tokens per prompt (default 64; 32 with --small)")
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats per trial (default 2)")
@@ -629,7 +620,11 @@ def parse_args(argv):
     unknown = [m for m in args.models if m not in ARCHS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; valid: {', '.join(ARCHS)}")
-    args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    if args.groups is None:
+        from trials import groups
+        args.groups = [g.name for g in groups.GROUPS if g.device_checks is not None]
+    else:
+        args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
     args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
     if args.context is None:
         args.context = 512 if args.small else 1024

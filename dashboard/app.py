@@ -27,9 +27,10 @@ from dash import Input, Output, State, dcc, html
 import tracking
 from dashboard import compare
 from dashboard.reader import failed_runs, open_store, section_frame, shown, unmeasured_note
-from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults
+from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaults
 from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note
 from trials import groups
+from trials.errors import one_line_errors
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}
@@ -148,7 +149,7 @@ def page_graphs(runs: tracking.RunsCache) -> dict[str, dict]:
     controls at their defaults) and the deep dive's models, from the same section code the page runs
     (tests and benchmarks use it to know what the page must draw)."""
     out = {}
-    for section in SECTIONS:
+    for section in all_sections():
         frame = section_frame(section, runs)
         charts = [cid for cid, _ in section.figures(frame)]
         if not charts:
@@ -163,7 +164,7 @@ def page_graphs(runs: tracking.RunsCache) -> dict[str, dict]:
 def render_sections(runs: tracking.RunsCache) -> list:
     loaded = html.P(f"Store: {runs.uri} · {runs.count()} runs · read {datetime.now():%Y-%m-%d %H:%M:%S}",
                     id="loaded-at", style=MUTED)
-    return [loaded] + [render_section(section, runs) for section in SECTIONS]
+    return [loaded] + [render_section(section, runs) for section in all_sections()]
 
 
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"      # where `make mlflow-ui` serves the same store
@@ -198,7 +199,7 @@ class RenderedSections:
         return graphs
 
     def _draw_deep_dives(self, version) -> None:
-        for section in SECTIONS:
+        for section in all_sections():
             if not hasattr(section, "deep_dive"):
                 continue
             defaults = deep_dive_defaults(section)
@@ -270,7 +271,7 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
 
         return {"content": export_html(runs), "filename": f"inference-report-{datetime.now():%Y%m%d-%H%M}.html"}
 
-    for section in SECTIONS:
+    for section in all_sections():
         if hasattr(section, "deep_dive"):
             _register_deep_dive(app, section, sections)
     _register_compare(app, runs)
@@ -346,7 +347,7 @@ def compare_panel() -> html.Section:
 
 
 def _compare_frames(runs: tracking.RunsCache) -> dict:
-    return {section.GROUP: shown(runs.frame(section.GROUP, "FINISHED")) for section in SECTIONS}
+    return {section.GROUP: shown(runs.frame(section.GROUP, "FINISHED")) for section in all_sections()}
 
 
 def _register_compare(app: dash.Dash, runs: tracking.RunsCache) -> None:
@@ -383,6 +384,7 @@ def _register_compare(app: dash.Dash, runs: tracking.RunsCache) -> None:
         return out
 
 
+@one_line_errors("llm-dashboard")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python dashboard/app.py",
                                      description="Serve the dashboard of the sweeps' results.")

@@ -22,8 +22,9 @@ import plotly.offline
 
 import tracking
 from dashboard.reader import failed_runs, open_store, section_frame, unmeasured_note
-from dashboard.sections import SECTIONS, deep_dive_choices, deep_dive_defaults
+from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaults
 from dashboard.sections.common import emulation_note, mark_emulated, real_model_note
+from trials.errors import one_line_errors
 
 TITLE = "Which inference optimizations actually help?"
 STYLE = """
@@ -77,7 +78,7 @@ def export_html(runs: tracking.RunsCache | str) -> str:
     """The whole page as one HTML document, plotly.js inlined; ``runs``: the store read, or its URI."""
     runs = open_store(runs) if isinstance(runs, str) else runs
     uri = runs.uri
-    body = "".join(f"<section id='section-{html.escape(s.GROUP)}'>{_section(s, runs)}</section>" for s in SECTIONS)
+    body = "".join(f"<section id='section-{html.escape(s.GROUP)}'>{_section(s, runs)}</section>" for s in all_sections())
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(TITLE)}</title>"
             f"<style>{STYLE}</style><script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script>"
             f"</head><body><h1>{html.escape(TITLE)}</h1>"
@@ -87,6 +88,7 @@ def export_html(runs: tracking.RunsCache | str) -> str:
             f"{body}</body></html>")
 
 
+@one_line_errors("llm-export")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python dashboard/export.py",
                                      description="Write the dashboard as one self-contained HTML file "

@@ -20,9 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 import tracking
-from dashboard.sections import SECTIONS
+from dashboard.sections import all_sections
 from dashboard.sections.common import trial_seconds
 from trials import groups
+from trials.errors import one_line_errors
 
 
 def machine(frames: dict[str, pd.DataFrame]) -> str:
@@ -55,7 +56,7 @@ def group_frames(uri: str) -> dict[str, pd.DataFrame]:
 def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
     """The store's figures as Markdown, from ``group_frames(uri)``."""
     out = [f"Measured in `{uri}`: {machine(frames)}", "", *trial_times(frames)]
-    for section in SECTIONS:                 # each section's own table, where it has one
+    for section in all_sections():                 # each section's own table, where it has one
         lines = section.report(frames[section.GROUP]) if hasattr(section, "report") else []
         if lines:
             out += ["", f"**{groups.get(section.GROUP).title}** (`{section.GROUP}`)", "", *lines]
@@ -75,6 +76,7 @@ def results_page(uri: str, frames: dict[str, pd.DataFrame], command: str) -> str
     return "\n".join(header) + report(uri, frames)
 
 
+@one_line_errors("llm-report")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llm-report",
                                      description=__doc__.split("\n\n")[0])

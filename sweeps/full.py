@@ -27,10 +27,12 @@ from pathlib import Path
 
 import tracking
 from sweeps import budget
-from sweeps.spaces import PROFILES, default_models, run_order
+from sweeps.spaces import default_models, run_order
+from sweeps.sizing import builtin_profile_names
+from sweeps.sweepfile import profiles
 from trials import groups
 from trials.config import TrialConfig, parse_memory_budget
-from trials.errors import ConfigError
+from trials.errors import ConfigError, one_line_errors
 from trials.models import pypi, zoo
 from trials.models.registry import BUILT_IN, Catalogue, all_models
 
@@ -91,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"comma-separated chart groups (implemented: {', '.join(groups.implemented())}; default: all)")
     parser.add_argument("--models", type=_csv, default=None,
                         help="comma-separated model names from the registry (default: the zoo's targets)")
-    parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
+    parser.add_argument("--profile", choices=builtin_profile_names(), default=None,
                         help="workload size (default: quick when the cluster has no GPU, else full)")
     parser.add_argument("--tracking-uri", default=None,
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
@@ -222,7 +224,7 @@ def chosen_profile(args: argparse.Namespace, device: str):
     sweep = getattr(args, "sweep_file", None)
     if args.profile is None and sweep is not None and sweep.profile is not None:
         return sweep.profile
-    return PROFILES[args.profile or ("quick" if device == "cpu" else "full")]
+    return profiles()[args.profile or ("quick" if device == "cpu" else "full")]
 
 
 def budget_seconds(args: argparse.Namespace, device: str) -> float | None:
@@ -353,6 +355,7 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
     return tuner.fit()
 
 
+@one_line_errors("python sweeps/full.py")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",

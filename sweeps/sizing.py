@@ -1,7 +1,7 @@
 """Sizing profiles: how big each chart group's workload is, as data read from YAML.
 
 A profile states the workload every group gets (prompt set, prompts per type, new tokens, repeats),
-each group's own settings (``GROUP_FIELDS``, from each technique's ``profile_keys``: precisions,
+each group's own settings (``group_fields()``, from each technique's ``profile_keys``: precisions,
 batch sizes, contexts and caches, k values, the stacks design's parts), and the smaller workload real pretrained models get on a CPU
 (``real_models_on_cpu``). The built-in ones are files, ``sweeps/profiles/<name>.yaml``, in the sweep
 file's format (``sweeps.sweepfile`` reads them); a search space asks ``profile.settings(group, model,
@@ -50,28 +50,35 @@ def _schema_type(key: ProfileKey) -> schema.Type:
     return schema.ListOf(one) if key.many else one
 
 
-# Each group's own settings (beside the workload keys, which any section may override), from its
-# technique's declaration (``Technique.profile_keys``).
-GROUP_FIELDS = {g.name: {name: _schema_type(key) for name, key in g.profile_keys.items()}
-                for g in groups.GROUPS if g.implemented}
-OPTIONAL = {name for g in groups.GROUPS for name, key in g.profile_keys.items() if key.optional}
+def group_fields() -> dict[str, dict[str, schema.Type]]:
+    """Each group's own settings (beside the workload keys, which any section may override), from its
+    technique's declaration (``Technique.profile_keys``); read on use, so a bad
+    ``$LLM_SWEEPS_TECHNIQUES`` is a ``ConfigError`` of the command that reads a profile, not of an import."""
+    return {g.name: {name: _schema_type(key) for name, key in g.profile_keys.items()}
+            for g in groups.GROUPS if g.implemented}
+
+
+def optional_keys() -> set[str]:
+    return {name for g in groups.GROUPS for name, key in g.profile_keys.items() if key.optional}
 
 
 def profile_fields(complete: bool) -> schema.Fields:
     """The ``profile:`` mapping. A built-in profile states every key (``complete``); a sweep file's
     names a ``base`` profile and overrides any of its keys."""
+    fields, optional = group_fields(), optional_keys()
+
     def sections(with_required: bool) -> dict:
         return {group: schema.Fields({**WORKLOAD_FIELDS, **own},
-                                     required=tuple(k for k in own if k not in OPTIONAL) if with_required else (),
+                                     required=tuple(k for k in own if k not in optional) if with_required else (),
                                      doc=f"the {group} group's settings")
-                for group, own in GROUP_FIELDS.items()}
+                for group, own in fields.items()}
 
     real = schema.Fields({**WORKLOAD_FIELDS, **sections(False)},
                          doc="the workload for real pretrained models on a CPU")
     head = {"name": schema.Text()} if complete else {"base": schema.Choice(tuple(builtin_profile_names()))}
     return schema.Fields({**head, **WORKLOAD_FIELDS, **sections(complete), "real_models_on_cpu": real},
                          required=("name", *WORKLOAD_FIELDS,
-                                   *(g for g, own in GROUP_FIELDS.items() if set(own) - OPTIONAL))
+                                   *(g for g, own in fields.items() if set(own) - optional))
                          if complete else (),
                          doc="a profile mapping")
 

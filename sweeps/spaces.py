@@ -11,7 +11,6 @@ workload: ``quick`` fits a 2-core CPU in minutes, ``full`` is for GPU clusters. 
 
 from __future__ import annotations
 
-from sweeps.sweepfile import PROFILES  # noqa: F401  (re-exported: the spaces' callers take it from here)
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.models import pypi, zoo
@@ -49,3 +48,11 @@ def run_order(configs: list[TrialConfig]) -> list[TrialConfig]:
         mine = sorted({c.model for c in configs if c.group == group}, key=lambda m: (sizes[m], m))
         ranks.update({(group, model): rank for rank, model in enumerate(mine)})
     return sorted(configs, key=lambda c: (ranks[(c.group, c.model)], group_order[c.group]))
+
+
+def __getattr__(name: str):
+    """``PROFILES``: the built-in profiles (``sweeps.sweepfile.profiles()``), for the spaces' callers."""
+    if name == "PROFILES":
+        from sweeps.sweepfile import profiles
+        return profiles()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,7 @@ column and key (``sweeps.schema``).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,13 +112,13 @@ def load_sweep(path: str | Path, builtin: bool = False) -> Sweep:
         if builtin:
             sweep.profile = Profile(profile["name"], profile, source)
         elif isinstance(profile, str):
-            sweep.profile = PROFILES[profile]
+            sweep.profile = profiles()[profile]
         else:
             overrides = {k: v for k, v in profile.items() if k != "base"}
             if "base" not in profile:
                 schema.fail_at(source, schema.node_at(root, "profile"), "profile",
-                               f"missing key 'base' (the profile to start from: {', '.join(PROFILES)})")
-            sweep.profile = PROFILES[profile["base"]].overridden(overrides, source)
+                               f"missing key 'base' (the profile to start from: {', '.join(profiles())})")
+            sweep.profile = profiles()[profile["base"]].overridden(overrides, source)
     if "models" in data:
         sweep.models, sweep.entries = _models(data["models"], root, source)
     sweep.groups = data.get("groups")
@@ -178,4 +179,14 @@ def load_profile(name: str) -> Profile:
     return load_sweep(path, builtin=True).profile
 
 
-PROFILES = {name: load_profile(name) for name in builtin_profile_names()}
+@functools.cache
+def profiles() -> dict[str, Profile]:
+    """The built-in profiles (``sweeps/profiles/*.yaml``), read on first use: their sections come
+    from the techniques' specs, so a bad ``$LLM_SWEEPS_TECHNIQUES`` is a command's ``ConfigError``."""
+    return {name: load_profile(name) for name in builtin_profile_names()}
+
+
+def __getattr__(name: str):
+    if name == "PROFILES":
+        return profiles()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -305,6 +305,39 @@ def test_readers_open_a_store_they_may_not_write(store, tmp_path, capsys):
     assert "| baseline | 1 |" in capsys.readouterr().out
 
 
+PLUGIN_COMMANDS = """
+import sys
+from dashboard import app, export, report
+from sweeps import full
+from trials import run
+uri = sys.argv[1]
+for main, argv in ((full.main, ["--dry-run", "--tracking-uri", uri]), (run.main, ["--model", "tiny-gqa"]),
+                   (export.main, ["--tracking-uri", uri, "--out", sys.argv[2]]),
+                   (report.main, ["--tracking-uri", uri]), (app.main, ["--tracking-uri", uri])):
+    print(main(argv))
+"""
+
+
+def test_a_technique_module_that_does_not_import_is_one_line_from_every_command(store, tmp_path):
+    """``$LLM_SWEEPS_TECHNIQUES`` naming a module that is not there: every command says so in one
+    line (exit code 2) and the store is unchanged. A fresh process: the techniques are found once per
+    process."""
+    import os
+    import subprocess
+    import sys
+
+    before = _digest(store)
+    env = {**os.environ, "LLM_SWEEPS_TECHNIQUES": "no_such_package.technique"}
+    out = subprocess.run([sys.executable, "-c", PLUGIN_COMMANDS, store, str(tmp_path / "x.html")],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    codes = [line for line in out.stdout.splitlines() if not line.startswith("Reading ")]
+    assert codes == ["2"] * 5, (out.stdout, out.stderr[-3000:])
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 5 and all("cannot import 'no_such_package.technique'" in e for e in errors), errors
+    assert _digest(store) == before
+
+
 def test_the_catalogue_has_at_least_25_kinds():
     assert len(CASES) >= 25 and len({c[0] for c in CASES}) == len(CASES)
 

@@ -2,7 +2,7 @@
 rebuilds their configs in any process, with nothing registered there.
 
 The sweep file declares two: a local folder (a copy of the tiny zoo's tiny-gqa under another name)
-and a hub id. There is no hub here, so only the download is replaced: the hub id's files are put in
+and a hub id; both run through every group. There is no hub here, so only the download is replaced: the hub id's files are put in
 a Hugging Face cache folder beforehand and its trials run with ``HF_HUB_OFFLINE=1`` (in fresh
 processes, where that cache is read). Trials are planned from the file; the export then draws them in a fresh process, as a
 teammate opening the store would, and each card's reproduce command is the run's exact config.
@@ -37,8 +37,19 @@ SWEEP = """models:
     hub: org/tiny-hub
     draft: none
     trust_remote_code: false
-groups: [baseline, stacks]
 profile: {base: quick, prompts_per_type: 1, max_new_tokens: 8, repeats: 2}
+"""
+# From each group's plan of each model, the stacks that fill its charts and cards (the first context
+# only): enough for every section to draw the model, at a test's cost.
+PICK = {"baseline": {"fp32"}, "speculative": {"fp32+lookup(k=4)"}, "kv_cache": {"bf16", "bf16+kv4-hqq"},
+        "batching": {"fp32+b2"}, "quantization": {"bf16"}, "stacks": {"bf16", "nf4"}}
+# What a hub model's trials run in a fresh process (where HF_HUB_OFFLINE and the cache are read).
+RUN_ALL = """
+import json, sys
+from trials.config import TrialConfig
+from trials.run import run_trial
+for line in open(sys.argv[1]):
+    print(json.dumps(run_trial(TrialConfig.from_dict(json.loads(line))).to_dict()), flush=True)
 """
 
 
@@ -52,44 +63,104 @@ def _hub_cache(folder, model_folder):
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(folder)}
 
 
-def _trial_cli(config: dict, env: dict) -> dict:
-    done = subprocess.run([sys.executable, "-m", "trials.run", "--config", json.dumps(config), "--raw"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def _picked(planned: dict[str, list], model: str) -> list[TrialConfig]:
+    out = []
+    for group, configs in planned.items():
+        mine = [c for c in configs if c.model == model]
+        first = min(c.workload.context_tokens for c in mine)
+        out += [c for c in mine if c.stack.label in PICK[group] and c.workload.context_tokens == first]
+    return out
 
 
-def test_a_sweep_files_own_models_are_rebuilt_by_every_reader_in_a_fresh_process(tiny_zoo, tmp_path):
+def test_a_sweep_files_own_models_run_through_every_group_and_every_reader(tiny_zoo, tmp_path, monkeypatch):
+    """Both declared models through every group: planned from the file, run (the hub id in a fresh
+    process, reading only its cache), logged twice (two sweeps), then read back by every reader:
+    configs rebuilt from the store, each section and deep dive drawn, the best-stack card filled under
+    a budget the model passes, the two sweeps compared, the report's tables, and the export and the
+    cards' reproduce commands in fresh processes."""
     shutil.copytree(zoo.model_path("tiny-gqa"), tmp_path / "my-tiny")
     hub_env = _hub_cache(tmp_path / "hub", zoo.model_path("tiny-gqa"))
     (tmp_path / "mine.yaml").write_text(SWEEP)
     sweep = load_sweep(tmp_path / "mine.yaml")
     catalogue = Catalogue(tuple(sweep.entries))
-    planned = {name: groups.get(name).plan(sweep.models, sweep.profile, "cpu", catalogue=catalogue)
-               for name in sweep.groups}
-    mine = planned["stacks"][[c.model for c in planned["stacks"]].index("my-tiny")]   # its base stack
-    hub = planned["stacks"][[c.model for c in planned["stacks"]].index("my-hub")]   # its base stack
-    local = [c for c in planned["baseline"] if c.model == "my-tiny"][:1] + [mine]
-    assert mine.entry().location == str((tmp_path / "my-tiny").resolve())
-    assert hub.entry().source == "hub" and all(c.declared for c in [*local, hub])
+    import huggingface_hub.constants          # the planner reads a hub model's config from this cache
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", hub_env["HF_HUB_CACHE"])
+    planned = {name: groups.get(name).plan(sweep.models, sweep.profile, "cpu", catalogue=catalogue,
+                                           **({"runs": lambda group: None}
+                                              if groups.get(name).space_reads_store else {}))
+               for name in groups.implemented()}
+    monkeypatch.undo()
+    local, hub = _picked(planned, "my-tiny"), _picked(planned, "my-hub")
+    assert all(c.stack.kv_group_size == 32 for c in [*local, *hub] if c.stack.kv_bits != 16), \
+        "the planner fits the quantized cache's groups to the model's K/V row (32 elements)"
+    assert {c.group for c in local} == {c.group for c in hub} == set(groups.implemented())
+    assert local[0].entry().location == str((tmp_path / "my-tiny").resolve())
+    assert hub[0].entry().source == "hub" and all(c.declared for c in [*local, *hub])
+
+    results = []
+    for config in local:
+        result = run_trial(config)
+        assert result.status == "FINISHED", (config.group, config.stack.label, result.error)
+        results.append(result.to_dict())
+    (tmp_path / "hub.jsonl").write_text("".join(json.dumps(c.to_dict()) + "\n" for c in hub))
+    done = subprocess.run([sys.executable, "-c", RUN_ALL, str(tmp_path / "hub.jsonl")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=hub_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from_hub = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["status"] for r in from_hub] == ["FINISHED"] * len(hub), [r.get("error") for r in from_hub]
+    assert all(r["tags"]["model_source"] == "hub" for r in from_hub)
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking.prepare_store(uri)
-    for config in local:
-        result = run_trial(config)
-        assert result.status == "FINISHED", result.error
-        tracking.log_trial(uri, result)
-    from_hub = _trial_cli(hub.to_dict(), hub_env)
-    assert from_hub["status"] == "FINISHED" and from_hub["tags"]["model_source"] == "hub"
-    write_record(uri, {"result": from_hub, "sweep_id": "", "trial_key": uuid.uuid4().hex})
+    for sweep_id in ("first", "second"):              # the same trials twice: two sweeps to compare
+        for result in [*results, *from_hub]:
+            write_record(uri, {"result": result, "sweep_id": sweep_id, "trial_key": uuid.uuid4().hex})
 
-    # the store alone rebuilds each config, with the same hash ...
-    for group in ("baseline", "stacks"):
-        for _, row in tracking.runs_frame(uri, group).iterrows():
+    # the store alone rebuilds each config, with the same hash
+    frames = {group: tracking.runs_frame(uri, group) for group in groups.implemented()}
+    for group, frame in frames.items():
+        assert set(frame["model"]) == {"my-tiny", "my-hub"}, group
+        for _, row in frame.iterrows():
             rebuilt = TrialConfig.from_dict(tracking.read_trial_artifact(uri, row["run_id"])["config"])
             assert rebuilt.config_hash == row["tags.config_hash"] and rebuilt.entry().name == row["model"]
 
-    # ... and in fresh processes: the export draws both models and their best-stack cards ...
+    # every section and its deep dive draw both models; the best-stack card fills under a budget they pass
+    from dashboard import compare, report
+    from dashboard.app import RenderedSections, open_store, render_section, section_frame
+    from dashboard.sections import all_sections, deep_dive_defaults
+
+    runs = open_store(uri)
+    drawn = RenderedSections(runs)
+    for section in all_sections():
+        rendered = str(render_section(section, runs))
+        assert "unknown model" not in rendered and "No finished runs" not in rendered, section.GROUP
+        if hasattr(section, "deep_dive"):
+            models = section.deep_dive_models(section_frame(section, runs))
+            assert {"my-tiny", "my-hub"} <= set(models), (section.GROUP, models)
+            for model in ("my-tiny", "my-hub"):
+                chosen = {**deep_dive_defaults(section), **({"min_token_match": 0.0, "max_kl": 1e9}
+                                                            if section.GROUP == "stacks" else {})}
+                dive = str(drawn.deep_dive(section, model, chosen))
+                assert model in dive, (section.GROUP, model)
+                if section.GROUP == "stacks":
+                    assert "fastest within the quality budget" in dive and "python -m trials.run --config" in dive
+
+    # the two sweeps compare in every group, for both models
+    for group, frame in frames.items():
+        table = compare.compare(frame[frame["status"] == "FINISHED"], "sweep", "second", "first")
+        labels = " ".join(table["label"])
+        assert "my-tiny" in labels and "my-hub" in labels, (group, labels)
+
+    # the report has a row of both in each table it draws
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()) as text:
+        assert report.main(["--tracking-uri", uri]) == 0
+    assert "my-tiny" in text.getvalue() and "my-hub" in text.getvalue()
+
+    # in fresh processes: the export draws both models and their best-stack cards ...
     out = tmp_path / "report.html"
     done = subprocess.run([sys.executable, str(ROOT / "dashboard" / "export.py"), "--tracking-uri", uri,
                            "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -101,7 +172,7 @@ def test_a_sweep_files_own_models_are_rebuilt_by_every_reader_in_a_fresh_process
     # ... whose reproduce command is the run's exact config (the trial CLI runs it: tests/test_trial.py)
     from dashboard.sections.stacks import reproduce
 
-    for _, row in tracking.runs_frame(uri, "stacks").iterrows():
+    for _, row in frames["stacks"].iterrows():
         command, _ = reproduce(row)
         config = TrialConfig.from_dict(json.loads(command.split("--config '", 1)[1].rstrip("'")))
         assert config.config_hash == row["tags.config_hash"] and config.declared, row["model"]

@@ -24,7 +24,7 @@ import pandas as pd
 
 from tracking import spool
 from trials.config import TrialConfig
-from trials.groups import NAMES as GROUPS
+from trials import groups
 
 TRIAL_ARTIFACT = "trial.json"
 _RETRIES = 5
@@ -119,7 +119,7 @@ def prepare_store(uri: str) -> dict[str, str]:
     client = _client(uri)
     root = artifact_root(uri)
     ids = {}
-    for group in GROUPS:
+    for group in groups.NAMES:
         experiment = client.get_experiment_by_name(group)
         if experiment is None:
             location = f"{root}/{group}" if root else None

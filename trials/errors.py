@@ -1,5 +1,25 @@
-"""The one exception every layer raises for bad input (the bottom of the import graph)."""
+"""The one exception every layer raises for bad input (the bottom of the import graph), and the
+wrapper that makes it a command's one error line."""
+
+import functools
+import sys
 
 
 class ConfigError(ValueError):
     """A trial config that cannot be run; the message is one line meant for the user."""
+
+
+def one_line_errors(prog: str):
+    """Decorate a command's ``main(argv)``: a ``ConfigError`` raised anywhere in it (its argument
+    parser reads the techniques, which a bad ``$LLM_SWEEPS_TECHNIQUES`` breaks) is one line on stderr
+    and exit code 2, not a traceback."""
+    def wrap(main):
+        @functools.wraps(main)
+        def run(argv: list[str] | None = None) -> int:
+            try:
+                return main(argv)
+            except ConfigError as exc:
+                print(f"{prog}: error: {exc}", file=sys.stderr)
+                return 2
+        return run
+    return wrap

@@ -24,7 +24,7 @@ import torch
 
 from trials import groups
 from trials.config import Runtime, Stack, TrialConfig, Workload, human_bytes, parse_memory_budget
-from trials.errors import ConfigError
+from trials.errors import ConfigError, one_line_errors
 from trials.loop import OOM, TrialResult, failed_result, free_memory, is_out_of_memory
 
 
@@ -64,6 +64,7 @@ def over_budget(result: TrialResult, budget: int | None) -> None:
                         f"({human_bytes(budget)})")
 
 
+@one_line_errors("llm-trial")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trials.run", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

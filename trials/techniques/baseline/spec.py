@@ -1,8 +1,14 @@
 """The baseline group's declaration: a model at a weight precision, nothing else switched on."""
 
-from trials.techniques.spec import ProfileKey, Technique, only_weights_and_batch
+from trials.config import Stack
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, only_weights_and_batch
 
 NAME = "baseline"
+
+def device_checks(setup) -> list[DeviceCheck]:
+    """On a device: both 16/32-bit precisions on short prompts."""
+    return [DeviceCheck(Stack(precision=setup.fast)), DeviceCheck(Stack(precision=setup.other))]
+
 
 SPEC = Technique(
     NAME, "Baseline: each model at each weight precision", order=0,
@@ -12,4 +18,5 @@ SPEC = Technique(
     section="dashboard.sections.baseline",
     reference="none: the baseline is what the other groups compare against",
     profile_keys={"precisions": ProfileKey("precision", many=True)},
+    device_checks=device_checks,
 )

@@ -1,6 +1,7 @@
 """The batching group's declaration: B rows per decode step, up to the memory boundary."""
 
-from trials.techniques.spec import ProfileKey, Technique, only_weights_and_batch
+from trials.config import Stack
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, only_weights_and_batch
 
 NAME = "batching"
 
@@ -10,6 +11,11 @@ def cost(config, estimate) -> float:
     w = config.workload
     reference = estimate.generate_s(estimate.cost, w.max_new_tokens, repeats=1, batch=1)
     return estimate.once((NAME, config.model, w), reference) + estimate.plain
+
+
+def device_checks(setup) -> list[DeviceCheck]:
+    """On a device: each of the check's batch sizes."""
+    return [DeviceCheck(Stack(precision=setup.fast, batch_size=n)) for n in setup.batches]
 
 
 SPEC = Technique(
@@ -22,4 +28,5 @@ SPEC = Technique(
               "batch1_reference); the memory bandwidth once per worker (tag bandwidth_source)",
     profile_keys={"batch_sizes": ProfileKey("int", many=True, low=1, high=65_536)},
     cost=cost,
+    device_checks=device_checks,
 )

@@ -57,6 +57,7 @@ from trials.loop import Measured, TrialResult, compare_outputs, finish, measure,
 from trials.measurement.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
 from trials.models import loading
 from trials.prompts import Prompt
+from trials.techniques.kv_cache.space import cache_refusal
 from trials.worker import WORKER
 
 REFERENCE_MAX_AGE_S = 30 * 60
@@ -68,19 +69,8 @@ def check_model(config: TrialConfig, model_config) -> KVFootprint:
         footprint = kv_footprint(model_config, mla="expanded")
     except KVFootprintError as exc:
         raise ConfigError(f"{config.model}: the KV footprint calculator cannot model it: {exc}") from None
-    stack = config.stack
-    if stack.kv_bits == 16:
-        return footprint
-    kinds = sorted({g.kind for g in footprint.groups if g.kind not in ("full", "sliding")})
-    if kinds:
-        raise ConfigError(f"{config.model}: transformers' QuantizedCache takes full-attention layers "
-                          f"(and sliding ones kept in full precision beside them); this model has "
-                          f"{', '.join(kinds)} layers")
-    row = footprint.groups[0].elements_per_token // 2        # K (or V) elements per token and layer
-    if row % stack.kv_group_size:
-        raise ConfigError(f"{config.model}: kv_group_size {stack.kv_group_size} does not divide a "
-                          f"token's K/V row of {row} elements (kv_heads x head_dim); "
-                          f"{stack.kv_backend} needs every cache length to split into whole groups")
+    if reason := cache_refusal(config.model, footprint, config.stack):
+        raise ConfigError(reason)
     return footprint
 
 

@@ -1,6 +1,7 @@
 """The kv_cache group's declaration: 16/8/4/2-bit caches at growing contexts."""
 
-from trials.techniques.spec import ProfileKey, Technique
+from trials.config import Stack
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique
 
 NAME = "kv_cache"
 HQQ_FACTOR = 1.5        # HQQ optimizes every group at prefill and every residual refill
@@ -22,6 +23,13 @@ def cost(config, estimate) -> float:
     return total + (estimate.plain + teacher_forced) * factor
 
 
+def device_checks(setup) -> list[DeviceCheck]:
+    """On a device: the full cache and a 4-bit one at the long context."""
+    return [DeviceCheck(Stack(precision=setup.fast), long_context=True, min_budget_s=30),
+            DeviceCheck(Stack(precision=setup.fast, kv_bits=4, kv_backend=setup.kv_backend),
+                        long_context=True, needs=setup.kv_missing, min_budget_s=30)]
+
+
 SPEC = Technique(
     NAME, "KV-cache quantization: 16/8/4/2-bit caches at growing contexts", order=2,
     guard=guard,
@@ -33,4 +41,5 @@ SPEC = Technique(
     profile_keys={"contexts": ProfileKey("int", many=True, low=16, high=10_000_000),
                   "caches": ProfileKey("cache", many=True)},
     cost=cost,
+    device_checks=device_checks,
 )

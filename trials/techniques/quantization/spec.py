@@ -3,7 +3,8 @@
 from dataclasses import replace
 
 from trials.models.registry import perplexity_method, reference_precision
-from trials.techniques.spec import ProfileKey, Technique, only_weights_and_batch
+from trials.config import Stack
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, only_weights_and_batch
 
 NAME = "quantization"
 MIN_EVAL_WINDOWS = 4      # perplexity windows a shrunk trial keeps at least
@@ -30,6 +31,14 @@ def shrink(config, workload, prompts_divisor: int):
     return replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_divisor))
 
 
+def device_checks(setup) -> list[DeviceCheck]:
+    """On a device: the 16/32-bit precisions, then bitsandbytes' int8 and NF4 kernels."""
+    return [DeviceCheck(Stack(precision=setup.fast), min_budget_s=30),
+            DeviceCheck(Stack(precision=setup.other)),
+            DeviceCheck(Stack(precision="int8"), needs=setup.bnb_missing, min_budget_s=5),
+            DeviceCheck(Stack(precision="nf4"), needs=setup.bnb_missing, min_budget_s=5)]
+
+
 SPEC = Technique(
     NAME, "Weight quantization: fp32/bf16/int8/nf4/GPTQ weights", order=4,
     guard=only_weights_and_batch(NAME),
@@ -41,4 +50,5 @@ SPEC = Technique(
     profile_keys={"precisions": ProfileKey("precision", many=True),
                   "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True)},
     cost=cost, calibrates_reference=True, shrink=shrink,
+    device_checks=device_checks,
 )

@@ -1,6 +1,7 @@
 """The speculative group's declaration: a draft model or prompt lookup proposes k tokens."""
 
-from trials.techniques.spec import ProfileKey, Technique
+from trials.config import Stack
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique
 
 NAME = "speculative"
 K = ProfileKey("int", many=True, low=1, high=64)     # draft tokens per round: beyond 64 none is accepted
@@ -22,6 +23,13 @@ def cost(config, estimate) -> float:
     return total + estimate.plain + estimate.draft_s()
 
 
+def device_checks(setup) -> list[DeviceCheck]:
+    """On a device: prompt lookup and the draft model, k = 4."""
+    return [DeviceCheck(Stack(precision=setup.fast, speculation="prompt_lookup", num_draft_tokens=4)),
+            DeviceCheck(Stack(precision=setup.fast, speculation="draft", draft_model=setup.draft,
+                              num_draft_tokens=4))]
+
+
 SPEC = Technique(
     NAME, "Speculative decoding: a draft model or prompt lookup proposes k tokens", order=1,
     guard=guard,
@@ -32,4 +40,5 @@ SPEC = Technique(
               "workload, reused for 15 minutes (tag baseline_source)",
     profile_keys={"draft_k": K, "lookup_k": K},
     cost=cost,
+    device_checks=device_checks,
 )

@@ -18,22 +18,12 @@ import logging
 
 from trials.config import Stack, TrialConfig, parse_cache
 from trials.errors import ConfigError
-from trials.measurement.kv_footprint import kv_footprint
-from trials.models.registry import BUILT_IN, Catalogue, ModelEntry
+from trials.models.registry import BUILT_IN, Catalogue
 from trials.techniques import planning
+from trials.techniques.kv_cache.space import kv_group_size, plan_time_refusal
 from trials.techniques.stacks.spec import NAME
 
 log = logging.getLogger(__name__)
-
-
-def _kv_group_size(model: ModelEntry) -> int:
-    """64 (transformers' default), or the largest power of two below it that divides a token's K/V
-    row (kv_heads x head_dim) where the config is on disk: the quantized cache needs whole groups."""
-    try:
-        row = kv_footprint(model.path()).groups[0].elements_per_token // 2
-    except Exception:                # a hub model not on disk: the default, checked when it loads
-        return 64
-    return next((size for size in (64, 32, 16, 8) if row % size == 0), 64)
 
 
 def best_draft_k(model: str, draft: str, runs, default: int) -> tuple[int, str]:
@@ -72,7 +62,7 @@ def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_I
         else:
             spec = dict(speculation="prompt_lookup", num_draft_tokens=settings["draft_k"])
         bits, backend = parse_cache(settings["kv_cache"])
-        kv4 = dict(kv_bits=bits, kv_backend=backend, kv_group_size=_kv_group_size(entry))
+        kv4 = dict(kv_bits=bits, kv_backend=backend, kv_group_size=kv_group_size(entry))
         refused: dict[str, list[str]] = {}
         cells = list(itertools.product((False, True), repeat=4))
         if not settings["compile_interactions"]:   # compiled decoding joins the base stack only:
@@ -82,6 +72,8 @@ def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_I
                 stack = Stack(precision="nf4" if weights else base, compile=compile_,
                               **(kv4 if kv else {}),
                               **(spec if speculation else {}))
+                if reason := plan_time_refusal(entry, stack):
+                    raise ConfigError(reason)
                 configs.append(planning.config(catalogue, NAME, entry, stack, device=device,
                                                workload=workload, repeats=repeats))
             except ConfigError as exc:          # a combination that cannot run: say which and why

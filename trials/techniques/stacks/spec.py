@@ -1,7 +1,8 @@
 """The stacks group's declaration: techniques combined in one trial, and each one's effect."""
 
 from trials.models.registry import reference_precision
-from trials.techniques.spec import ProfileKey, Technique
+from trials.config import Stack
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique
 
 NAME = "stacks"
 COMPILE_S = 40.0          # torch.compile of the decode step in the warm-up (CPU, inductor)
@@ -49,6 +50,12 @@ def select(configs: list, names: list[str], source: str) -> list:
     return [c for c in configs if c.stack.design_name in names]
 
 
+def device_checks(setup) -> list[DeviceCheck]:
+    """On a device: the base stack, then compiled decoding (the slowest to warm up: last)."""
+    return [DeviceCheck(Stack(precision=setup.fast), min_budget_s=30),
+            DeviceCheck(Stack(precision=setup.fast, compile=True), min_budget_s=90)]
+
+
 SPEC = Technique(
     NAME, "How much did optimizations help? Techniques combined in one trial", order=5,
     guard=guard,
@@ -63,4 +70,5 @@ SPEC = Technique(
                   "batch_size": ProfileKey("int", low=2, high=65_536),
                   "compile_interactions": ProfileKey("bool")},
     cost=cost, calibrates_reference=True, select=select, space_reads_store=True,
+    device_checks=device_checks,
 )
