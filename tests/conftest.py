@@ -157,6 +157,13 @@ def stacks_store(tiny_zoo, tmp_path_factory) -> str:
     return build_stacks_store(tmp_path_factory.mktemp("stacks-store"))
 
 
+@pytest.fixture(scope="session")
+def engines_store(real_models, tmp_path_factory) -> str:
+    from test_engines import build_engines_store
+
+    return build_engines_store(tmp_path_factory.mktemp("engines-store"))
+
+
 @contextlib.contextmanager
 def mlflow_server(backend_uri: str, artifacts: Path, port: int | None = None):
     """A real `mlflow server` on a loopback port (a free one unless given); yields its URL, stops it

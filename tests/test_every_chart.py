@@ -59,11 +59,12 @@ def _copy_runs(source: str, target: str, group: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def every_group(quick_sweep, kv_store, stacks_store, tmp_path_factory) -> tuple[str, float]:
+def every_group(quick_sweep, kv_store, stacks_store, engines_store, tmp_path_factory) -> tuple[str, float]:
     folder = tmp_path_factory.mktemp("every-group")
     shutil.copy(quick_sweep.uri[len("sqlite:///"):], folder / "mlflow.db")   # artifacts stay where they are
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     assert _copy_runs(kv_store, uri, "kv_cache") and _copy_runs(stacks_store, uri, "stacks")
+    assert _copy_runs(engines_store, uri, "engines")
     base = tracking.runs_frame(uri, "baseline").sort_values("start_time").iloc[-1]
     data = tracking.read_trial_artifact(uri, base["run_id"])
     for sweep, speed in (("injected-1x", float(base["tok_per_s"])), ("injected-2x", 2 * float(base["tok_per_s"]))):

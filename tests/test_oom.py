@@ -62,6 +62,7 @@ PER_GROUP = {
     "speculative": dict(stack=Stack(precision="fp32", speculation="prompt_lookup", num_draft_tokens=2)),
     "stacks": dict(stack=Stack(precision="fp32")),
     "batching": dict(stack=Stack(precision="fp32", batch_size=2)),
+    "engines": dict(stack=Stack(precision="fp32")),        # its transformers side (llama.cpp: tests/test_engines.py)
 }
 
 

@@ -58,6 +58,7 @@ PER_GROUP = {
     "quantization": (Stack("nf4"), Workload("prose", 1, 8, eval_windows=2)),
     "speculative": (Stack("fp32", speculation="prompt_lookup", num_draft_tokens=4), Workload("repetitive", 1, 8)),
     "stacks": (Stack("bf16", kv_bits=4, kv_backend="quanto"), TINY),
+    "engines": (Stack("q4_1", engine="llama_cpp"), TINY),            # the shipped GGUF on llama.cpp
 }
 
 

@@ -18,16 +18,19 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 
 from trials import groups
+from trials.engines import DEFAULT as DEFAULT_ENGINE
+from trials.engines import ENGINES
+from trials.engines.transformers.spec import PRECISIONS as TRANSFORMERS_PRECISIONS
 from trials.errors import ConfigError
 from trials.models.registry import ModelEntry, entry_from_dict, get_model, max_positions
 from trials.prompts import PROMPT_SETS
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
+PRECISIONS = TRANSFORMERS_PRECISIONS        # transformers' weights (llama.cpp's: trials.engines.llama_cpp.spec)
 QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")
 FOUR_BIT_WEIGHTS = ("nf4", "gptq")            # the stacks design's "weights" factor   # loaded through a transformers quantizer (trials.models.quantized_weights)
 KV_BITS = (16, 8, 4, 2)
-KV_BACKENDS = ("none", "hqq", "quanto")      # transformers' QuantizedCache backends
-KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2)}   # of KV_BITS, what each backend packs
+KV_BACKENDS = ("none", "hqq", "quanto", "ggml")   # transformers' QuantizedCache backends; llama.cpp's types
+KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2), "ggml": (8, 4)}   # of KV_BITS, what each backend packs
 SPECULATION = ("none", "draft", "prompt_lookup")
 DEVICES = ("cpu", "cuda")
 
@@ -62,17 +65,19 @@ class Stack:
     num_draft_tokens: int = 0
     batch_size: int = 1
     compile: bool = False             # compiled decoding: a static cache + torch.compile (trials.techniques.stacks.compiled)
+    engine: str = DEFAULT_ENGINE      # who runs it: "transformers" or "llama_cpp" (trials.engines)
 
     def validate(self) -> None:
-        _check(self.precision in PRECISIONS,
-               f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        _check(self.engine in ENGINES, f"unknown engine {self.engine!r}; valid: {', '.join(ENGINES)}")
+        refusal = ENGINES[self.engine].refusal(self)
+        _check(refusal is None, refusal or "")
         _check(self.kv_bits in KV_BITS,
                f"unknown kv_bits {self.kv_bits!r}; valid: {', '.join(map(str, KV_BITS))}")
         _check(self.kv_backend in KV_BACKENDS,
                f"unknown kv_backend {self.kv_backend!r}; valid: {', '.join(KV_BACKENDS)}")
         _check((self.kv_bits == 16) == (self.kv_backend == "none"),
-               "a quantized KV cache (kv_bits < 16) needs kv_backend 'hqq' or 'quanto', "
-               "and kv_bits 16 needs kv_backend 'none'")
+               "a quantized KV cache (kv_bits < 16) needs a kv_backend ('hqq' or 'quanto' on "
+               "transformers, 'ggml' on llama_cpp), and kv_bits 16 needs kv_backend 'none'")
         _check(self.kv_backend == "none" or self.kv_bits in KV_BACKEND_BITS[self.kv_backend],
                f"kv_backend {self.kv_backend!r} does not support kv_bits {self.kv_bits}; it supports "
                f"{', '.join(map(str, KV_BACKEND_BITS.get(self.kv_backend, ())))}")
@@ -122,8 +127,9 @@ class Stack:
 
     @property
     def label(self) -> str:
-        """Short human name of the stack, e.g. ``bf16`` or ``bf16+kv4+draft(k=4)+b8``."""
-        parts = [self.precision]
+        """Short human name of the stack, e.g. ``bf16`` or ``bf16+kv4+draft(k=4)+b8``; another engine
+        than transformers first, e.g. ``llama_cpp:q4_1+kv8-ggml``."""
+        parts = [self.precision if self.engine == DEFAULT_ENGINE else f"{self.engine}:{self.precision}"]
         if self.kv_bits != 16:
             parts.append(f"kv{self.kv_bits}-{self.kv_backend}")
         if self.speculation == "draft":

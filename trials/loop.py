@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 import torch
 
 from trials.config import Runtime, TrialConfig
-from trials.engines.transformers.generation import BatchRecord, generate_batch
+from trials.engines import ENGINES
+from trials.engines.transformers.generation import BatchRecord
 from trials.errors import ConfigError
 from trials.measurement.environment import environment_tags
 from trials.measurement.hardware import precision_is_native
-from trials.measurement.instruments import PeakMemory, TokenTimer, model_weights_bytes, track_peak_memory
-from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
+from trials.measurement.instruments import PeakMemory, TokenTimer, track_peak_memory
 from trials.models import loading
 from trials.prompts import Prompt, as_chat, extend_to_tokens, workload_prompts
 from trials.stats.factorial import t_interval
@@ -67,20 +67,6 @@ def _spread(values: list[float], name: str) -> dict[str, float]:
     return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
 
 
-def _kv_bytes_exact(model: torch.nn.Module, record: BatchRecord) -> tuple[int | None, str]:
-    """The architecture's KV bytes for the cache ``record`` ended with, or None and why not.
-
-    MLA is counted ``expanded`` and sliding layers as transformers' dynamic cache holds them
-    (``KVFootprint.held_bytes``): that is what the cache holds, and it is what we measure.
-    """
-    bits = torch.finfo(next(model.parameters()).dtype).bits
-    try:
-        footprint = kv_footprint(model.config, mla="expanded")
-        return footprint.held_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits), ""
-    except KVFootprintError as exc:
-        return None, str(exc)
-
-
 def _repeat_statistics(throughput: list[float]) -> dict[str, float]:
     """The repeats' spread as a 95 % t-interval (two repeats or more), taken on log tok/s and
     mapped back, so it stays positive and matches how effects are estimated (``trials.stats.factorial``);
@@ -101,27 +87,28 @@ def _summarize(config: TrialConfig, loaded: loading.LoadedModel,
     throughput = [sum(b.decode_tokens * len(b.prompt_ids) for b in rep) / sum(b.decode_s for b in rep)
                   for rep in repeats]
     records = [b for rep in repeats for b in rep]
-    weights = model_weights_bytes(loaded.model)
     biggest = max(repeats[0], key=lambda b: b.kv_cache_tokens)
-    kv_exact, kv_exact_missing = _kv_bytes_exact(loaded.model, biggest)
+    facts, notes = engine(config).facts(loaded, biggest)     # weights, parameters, exact KV bytes
     metrics = {
         **_spread(throughput, "tok_per_s"),
         **_repeat_statistics(throughput),
         **_spread([b.ttft_s for b in records], "ttft_s"),
         **_spread([b.decode_s / b.decode_tokens for b in records], "tpot_s"),
         "per_stream_tok_per_s": statistics.median(throughput) / batch_size,
-        "weights_bytes": weights,
-        "num_parameters": sum(p.numel() for p in loaded.model.parameters()),
-        "peak_memory_bytes": weights + added_peak_bytes,
+        **facts,
+        "peak_memory_bytes": facts["weights_bytes"] + added_peak_bytes,
         "kv_cache_bytes": biggest.kv_cache_bytes,
         "kv_cache_tokens": biggest.kv_cache_tokens,
         "prompt_tokens_mean": statistics.mean(b.prompt_tokens for b in repeats[0]),
         "new_tokens_per_prompt": config.workload.max_new_tokens,
         "num_prompts": sum(len(b.prompt_ids) for b in repeats[0]),
     }
-    if kv_exact is None:
-        return metrics, {"kv_cache_bytes_exact_missing": kv_exact_missing}
-    return {**metrics, "kv_cache_bytes_exact": kv_exact}, {}
+    return metrics, notes
+
+
+def engine(config: TrialConfig):
+    """The generation module of the stack's engine (``trials.engines``): ``generate_batch`` and ``facts``."""
+    return ENGINES[config.stack.engine].module()
 
 
 @dataclass
@@ -150,6 +137,7 @@ def measure(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prom
     target and draft forward passes), so that warm-up never pollutes what it counts.
     """
     batches = _batches(prompts, batch_size or config.stack.batch_size)
+    generate_batch = engine(config).generate_batch
     timer = TokenTimer()
     started = time.perf_counter()
     with torch.inference_mode():
@@ -192,7 +180,7 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: loading.LoadedModel, m
     summary, notes = _summarize(config, loaded, measured.repeats, measured.peak.added_bytes)
     summary.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
                    model_from_cache=float(loaded.from_cache), warmup_s=measured.warmup_s,
-                   measured_s=measured.measured_s, num_threads=float(torch.get_num_threads()))
+                   measured_s=measured.measured_s)
     summary.update(metrics or {})
     all_tags = {**environment_tags(config.device,
                                    runtime.git_sha if runtime.git_sha != "unknown" else None),

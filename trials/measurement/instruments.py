@@ -56,6 +56,10 @@ class TokenTimer:
     def end(self) -> None:
         pass
 
+    def stamp(self, tokens: int = 1) -> None:
+        """An engine without streamers (llama.cpp) stamps each token itself as it arrives."""
+        self.stamps.append((time.perf_counter(), tokens))
+
     @property
     def new_tokens(self) -> int:
         return sum(n for _, n in self.stamps)

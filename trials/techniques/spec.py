@@ -27,7 +27,8 @@ from trials.errors import ConfigError
 @dataclass(frozen=True)
 class ProfileKey:
     """One setting a profile gives the technique: ``kind`` ``int`` (``low``..``high``), ``bool``,
-    ``precision`` (a weight precision) or ``cache`` (a KV cache: ``full``, ``hqq4``, ...); ``many``: a
+    ``precision`` (a weight precision), ``cache`` (a KV cache: ``full``, ``hqq4``, ``ggml8``, ...) or
+    ``gguf`` (a llama.cpp weight type: ``f16``, ``q8_0``, ...); ``many``: a
     list of them; ``optional``: a built-in profile may leave it out."""
 
     kind: str
@@ -81,6 +82,7 @@ class Technique:
     select: Callable | None = None                 # (configs, stack names, source) -> a sweep file's stacks
     space_reads_store: bool = False                # the space takes ``runs=``: it plans from the store
     device_checks: Callable | None = None          # (DeviceSetup) -> [DeviceCheck]: its GPU-check trials
+    engines: tuple[str, ...] = ("transformers",)   # the engines its trials run on (``Stack.engine``)
 
     @property
     def implemented(self) -> bool:
@@ -88,6 +90,9 @@ class Technique:
 
     def check(self, stack) -> None:
         """Raise ``ConfigError`` when ``stack`` does not belong to this technique."""
+        if stack.engine not in self.engines:
+            raise ConfigError(f"the {self.name} group runs on {', '.join(self.engines)}, not on "
+                              f"{stack.engine} (stack {stack.label})")
         reason = self.guard(stack)
         if reason:
             raise ConfigError(reason)

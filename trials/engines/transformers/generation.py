@@ -15,7 +15,8 @@ from trials.config import TrialConfig
 from trials.engines.transformers import compiled, kv_cache, speculation
 from trials.engines.transformers.arguments import ModelTraits, as_code, stack_arguments
 from trials.engines.transformers.materialize import materialize_all
-from trials.measurement.instruments import TokenTimer, kv_cache_bytes
+from trials.measurement.instruments import TokenTimer, kv_cache_bytes, model_weights_bytes
+from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
 from trials.models import loading
 from trials.models.registry import reference_precision
 from trials.prompts import Prompt
@@ -103,3 +104,25 @@ def generate_batch(loaded: loading.LoadedModel, batch: list[Prompt], new_tokens:
         output_ids=generated.tolist(),
         texts=tokenizer.batch_decode(generated, skip_special_tokens=True),
     )
+
+
+def facts(loaded: loading.LoadedModel, record: BatchRecord) -> tuple[dict[str, float], dict[str, str]]:
+    """What the loop logs about the loaded model: its weight bytes and parameters, the threads torch
+    ran on, and the architecture's exact KV bytes for the cache ``record`` ended with (or why not).
+
+    MLA is counted ``expanded`` and sliding layers as transformers' dynamic cache holds them
+    (``KVFootprint.held_bytes``): that is what the cache holds, and it is what we measure.
+    """
+    import torch
+
+    model = loaded.model
+    out = {"weights_bytes": model_weights_bytes(model),
+           "num_parameters": sum(p.numel() for p in model.parameters()),
+           "num_threads": float(torch.get_num_threads())}
+    bits = torch.finfo(next(model.parameters()).dtype).bits
+    try:
+        footprint = kv_footprint(model.config, mla="expanded")
+        out["kv_cache_bytes_exact"] = footprint.held_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits)
+        return out, {}
+    except KVFootprintError as exc:
+        return out, {"kv_cache_bytes_exact_missing": str(exc)}

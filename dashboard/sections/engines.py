@@ -1,0 +1,231 @@
+"""Engines: the same models and prompts on llama.cpp beside transformers.
+
+Per model, two charts. **Speed vs memory**: decode tok/s (x, 95 % interval over repeats) against peak
+memory (y) for every stack of both engines, one colour per engine, labelled with its weights (a GGUF
+type on llama.cpp, a precision on transformers) and its cache or prompt lookup: bottom-right is best.
+**Effects per engine**: each optimization's multiplicative effect on tok/s, measured on each engine
+from its own 16-bit base (transformers: its fast precision; llama.cpp: F16): 4-bit weights (NF4;
+the shipped Q4 GGUF), an 8- and a 4-bit KV cache, prompt lookup. The whisker is a 95 % t-interval on
+the log ratio of the two runs (their repeats' variances, Welch-style degrees of freedom rounded down):
+where it crosses 1 the effect is within the noise. An effect above 1 on one engine and below on the
+other is a flip, and the chart shows it side by side.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from dashboard.sections.common import (MB, PROVENANCE_HOVER, TEMPLATE, WHISKERS, count_range, has, latest,
+                                       provenance, spread_error_bars)
+from trials.stats.factorial import t_quantile
+
+GROUP = "engines"
+TITLE = "Engines — the same optimizations on llama.cpp beside transformers"
+BLURB = ("Does an optimization still help on the engine you deploy? The same models, prompts and "
+         "greedy tokens on llama.cpp and transformers, each optimization's effect per engine.")
+DEEP_DIVE_TITLE = "Per model: speed vs memory by engine, and each optimization's effect per engine"
+OVERVIEW_ID, ALL_EFFECTS_ID = "engines-overview", "engines-effects-all"
+SCATTER_ID, EFFECTS_ID = "engines-scatter", "engines-effects"
+NEEDED = ("model", "tok_per_s", "peak_memory_bytes", "engine", "precision", "stack")
+COLORS = {"transformers": "#636EFA", "llama_cpp": "#EF553B"}
+FOUR_BIT = {"transformers": ("nf4",), "llama_cpp": ("q4_0", "q4_1", "q4_k_m")}
+BASE = {"llama_cpp": "f16"}              # transformers: its 16-bit precision (bf16, else fp32)
+EFFECTS = ("4-bit weights vs 16-bit", "8-bit KV cache vs 16", "4-bit KV cache vs 16", "prompt lookup vs none")
+
+
+def _rows(frame: pd.DataFrame) -> pd.DataFrame:
+    rows = latest(frame, ["model", "stack"]).copy()
+    for column in ("tok_per_s", "peak_memory_bytes", "kv_bits", "log_tok_per_s_mean", "log_tok_per_s_var",
+                   "tok_per_s_repeats"):
+        if column in rows.columns:
+            rows[column] = pd.to_numeric(rows[column], errors="coerce")
+    rows = rows[rows["tok_per_s"].notna() & rows["tok_per_s"].map(math.isfinite)]
+    rows["engine"] = rows["engine"].fillna("transformers").replace("", "transformers")
+    return rows
+
+
+def deep_dive_models(frame: pd.DataFrame) -> list[str]:
+    return sorted(_rows(frame)["model"].unique()) if has(frame, *NEEDED) else []
+
+
+def _plain(rows: pd.DataFrame) -> pd.Series:
+    return (rows["kv_bits"].fillna(16) == 16) & (rows.get("speculation", "none").fillna("none") == "none")
+
+
+def _base(rows: pd.DataFrame, engine: str) -> pd.Series | None:
+    mine = rows[(rows["engine"] == engine) & _plain(rows)]
+    wanted = [BASE[engine]] if engine in BASE else ["bf16", "fp32"]
+    for precision in wanted:
+        found = mine[mine["precision"] == precision]
+        if len(found):
+            return found.iloc[0]
+    return None
+
+
+def _ratio(a: pd.Series, b: pd.Series) -> tuple[float, float | None, float | None]:
+    """a / b in tok/s, and its 95 % t-interval on the log scale (None without repeats' variances)."""
+    ratio = float(a["tok_per_s"]) / float(b["tok_per_s"])
+    va, vb = a.get("log_tok_per_s_var"), b.get("log_tok_per_s_var")
+    na, nb = a.get("tok_per_s_repeats"), b.get("tok_per_s_repeats")
+    if any(v is None or pd.isna(v) for v in (va, vb, na, nb)) or min(na, nb) < 2:
+        return ratio, None, None
+    se2a, se2b = va / na, vb / nb
+    se = math.sqrt(se2a + se2b)
+    df = (se2a + se2b) ** 2 / ((se2a ** 2 / (na - 1) if se2a else 0) + (se2b ** 2 / (nb - 1) if se2b else 0)) \
+        if (se2a or se2b) else na + nb - 2
+    half = t_quantile(max(1, int(df))) * se
+    log_ratio = float(a["log_tok_per_s_mean"]) - float(b["log_tok_per_s_mean"])
+    return ratio, math.exp(log_ratio - half), math.exp(log_ratio + half)
+
+
+def effects(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (engine, effect) measured for this model's rows: ratio, interval, both runs."""
+    out = []
+    for engine in sorted(rows["engine"].unique()):
+        base = _base(rows, engine)
+        if base is None:
+            continue
+        mine = rows[rows["engine"] == engine]
+        same_weights = mine["precision"] == base["precision"]
+        spec = mine.get("speculation", pd.Series("none", index=mine.index)).fillna("none")
+        candidates = {
+            EFFECTS[0]: mine[_plain(mine) & mine["precision"].isin(FOUR_BIT.get(engine, ()))],
+            EFFECTS[1]: mine[same_weights & (mine["kv_bits"] == 8) & (spec == "none")],
+            EFFECTS[2]: mine[same_weights & (mine["kv_bits"] == 4) & (spec == "none")],
+            EFFECTS[3]: mine[same_weights & (mine["kv_bits"].fillna(16) == 16) & (spec == "prompt_lookup")],
+        }
+        for name, found in candidates.items():
+            if len(found):
+                row = found.sort_values("tok_per_s").iloc[-1]
+                ratio, low, high = _ratio(row, base)
+                out.append({"engine": engine, "effect": name, "ratio": ratio, "low": low, "high": high,
+                            "stack": row["stack"], "base": base["stack"]})
+    return pd.DataFrame(out)
+
+
+def scatter(rows: pd.DataFrame, model: str | None) -> go.Figure:
+    """tok/s vs peak memory, one colour per engine; ``model`` None: every model, each point named."""
+    figure = go.Figure()
+    for engine, part in rows.groupby("engine"):
+        xs = [float(v) for v in part["tok_per_s"]]
+        error_x = spread_error_bars(part, "tok_per_s", xs)
+        names = [str(s).split(":", 1)[-1] for s in part["stack"]]
+        if model is None:
+            names = [f"{m} {n}" for m, n in zip(part["model"], names)]
+        figure.add_trace(go.Scatter(
+            name=engine, x=xs, y=[float(v) / MB for v in part["peak_memory_bytes"]], mode="markers+text",
+            text=names, textposition="top center",
+            marker=dict(size=11, color=COLORS.get(engine)), error_x=error_x, customdata=provenance(part),
+            hovertemplate=f"<b>{engine}</b> %{{text}}<br>tok/s: %{{x:.1f}}<br>peak memory: %{{y:.1f}} MB<br>"
+                          + PROVENANCE_HOVER + "<extra></extra>"))
+    figure.update_layout(title=f"{model or 'Every model'}: decode tok/s vs peak memory by engine "
+                               "(bottom-right is best)",
+                         xaxis_title="decode tok/s", yaxis_title="peak memory (MB)", legend_title="engine",
+                         template=TEMPLATE, margin=dict(l=70, r=20, t=60, b=50), height=440)
+    return figure
+
+
+def effects_chart(table: pd.DataFrame, model: str | None) -> go.Figure:
+    """Each effect's tok/s ratio per engine; ``model`` None: every model's (x: model · effect)."""
+    figure = go.Figure()
+    for engine, part in table.groupby("engine"):
+        ys = list(part["ratio"])
+        xs = list(part["effect"]) if model is not None else [f"{m} · {e}" for m, e in zip(part["model"], part["effect"])]
+        has_ci = part["low"].notna() & part["high"].notna()
+        error_y = dict(type="data", symmetric=False,
+                       array=[(h - r) if ok else 0 for r, h, ok in zip(ys, part["high"], has_ci)],
+                       arrayminus=[(r - lo) if ok else 0 for r, lo, ok in zip(ys, part["low"], has_ci)])
+        figure.add_trace(go.Bar(
+            name=engine, x=xs, y=ys, error_y=error_y, marker_color=COLORS.get(engine),
+            customdata=list(zip(part["stack"], part["base"])),
+            hovertemplate=f"<b>{engine}</b> %{{x}}<br>x%{{y:.2f}} tok/s: %{{customdata[0]}} over "
+                          "%{customdata[1]}<extra></extra>"))
+    figure.add_hline(y=1.0, line_dash="dash", line_color="#555")
+    figure.update_layout(title=f"{model or 'Every model'}: each optimization's effect on tok/s, per engine "
+                               "(1 = no change; whiskers: 95 % interval)",
+                         barmode="group", xaxis_title="optimization", yaxis_title="tok/s ratio (x)",
+                         yaxis_type="log", legend_title="engine", template=TEMPLATE,
+                         margin=dict(l=70, r=20, t=60, b=50), height=440)
+    return figure
+
+
+def all_effects(rows: pd.DataFrame) -> pd.DataFrame:
+    tables = [effects(part).assign(model=model) for model, part in rows.groupby("model")]
+    tables = [t for t in tables if not t.empty]
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+
+
+def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
+    """Every model at once: speed vs memory, and every effect side by side per engine (a flip shows)."""
+    if not has(frame, *NEEDED):
+        return []
+    rows = _rows(frame)
+    if rows.empty:
+        return []
+    out = [(OVERVIEW_ID, scatter(rows, None))]
+    table = all_effects(rows)
+    if not table.empty:
+        out.append((ALL_EFFECTS_ID, effects_chart(table, None)))
+    return out
+
+
+def deep_dive(frame: pd.DataFrame, model: str) -> list[tuple[str, go.Figure]]:
+    if not has(frame, *NEEDED):
+        return []
+    rows = _rows(frame)
+    rows = rows[rows["model"] == model]
+    if rows.empty:
+        return []
+    out = [(SCATTER_ID, scatter(rows, model))]
+    table = effects(rows)
+    if not table.empty:
+        out.append((EFFECTS_ID, effects_chart(table, model)))
+    return out
+
+
+def caption(frame: pd.DataFrame) -> str:
+    if not has(frame, *NEEDED):
+        return ""
+    rows = _rows(frame)
+    llama = rows[rows["engine"] == "llama_cpp"]
+    build = ", ".join(sorted({str(v) for v in llama.get("tags.llama_cpp_python", pd.Series(dtype=str)).dropna()}))
+    return (f"Median decode tok/s over {count_range(rows, 'repeats')} repeats ({WHISKERS}); batch 1, greedy, "
+            f"{count_range(rows, 'max_new_tokens')} new tokens per prompt, the same prompt token ids on both "
+            f"engines (llama.cpp is fed the transformers tokenizer's ids; tokenizer_parity says where its own "
+            f"tokenizer agrees). llama.cpp: llama-cpp-python {build or '?'}, flash attention on, its KV bytes "
+            "computed from ggml block sizes. Every weight type of a real model holds its shipped 4-bit GGUF's "
+            "values (4-bit-derived). Effects: a 95 % t-interval on the log ratio of two runs.")
+
+
+def report(frame: pd.DataFrame) -> list[str]:
+    """Per model and engine: tok/s, peak memory and token match per stack; then the effects."""
+    if not has(frame, *NEEDED):
+        return []
+    rows = _rows(frame)
+    lines = ["| model | engine | stack | tok/s (95 % interval) | peak MB | token match |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for _, row in rows.sort_values(["model", "engine", "tok_per_s"]).iterrows():
+        low, high = row.get("tok_per_s_ci_low"), row.get("tok_per_s_ci_high")
+        ci = f" ({float(low):.1f}–{float(high):.1f})" if low is not None and not pd.isna(low) else ""
+        match = row.get("fidelity_token_match")
+        lines.append(f"| {row['model']} | {row['engine']} | {row['stack']} | {float(row['tok_per_s']):.1f}{ci} | "
+                     f"{float(row['peak_memory_bytes']) / MB:.0f} | "
+                     f"{'' if match is None or pd.isna(match) else f'{float(match):.2f}'} |")
+    lines += ["", "| model | effect | " + " | ".join(sorted(rows["engine"].unique())) + " |",
+              "| --- | --- | " + " | ".join("---" for _ in rows["engine"].unique()) + " |"]
+    for model, part in rows.groupby("model"):
+        table = effects(part)
+        if table.empty:
+            continue
+        for effect, cells in table.groupby("effect", sort=False):
+            by_engine = {r["engine"]: r for _, r in cells.iterrows()}
+            text = []
+            for engine in sorted(rows["engine"].unique()):
+                r = by_engine.get(engine)
+                text.append("" if r is None else f"x{r['ratio']:.2f}" + (
+                    f" ({r['low']:.2f}–{r['high']:.2f})" if r["low"] is not None and not pd.isna(r["low"]) else ""))
+            lines.append(f"| {model} | {effect} | " + " | ".join(text) + " |")
+    return lines

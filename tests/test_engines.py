@@ -1,0 +1,138 @@
+"""The llama.cpp engine beside transformers (the engines group) on SmolLM2, the real model that
+ships as a Q4_1 GGUF: the GGUF cache, one trial per factor on llama.cpp (weights, KV cache, prompt
+lookup) against transformers on the same prompt ids, what each engine refuses, and the section.
+
+llama-cpp-python is installed by ``make setup`` (it compiles llama.cpp once; pip keeps the wheel).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tracking
+from trials.config import Stack, TrialConfig, Workload
+from trials.errors import ConfigError
+from trials.run import run_trial
+
+SMOL = "smollm2-135m-instruct"
+WORKLOAD = Workload("mixed", prompts_per_type=1, max_new_tokens=8)
+LLAMA = dict(engine="llama_cpp")
+STACKS = {                                     # one per factor, and the bases the effects need
+    "transformers fp32": Stack("fp32"),
+    "llama.cpp shipped q4_1": Stack(precision="q4_1", **LLAMA),
+    "llama.cpp f16": Stack(precision="f16", **LLAMA),
+    "llama.cpp f16 + q8_0 cache": Stack(precision="f16", kv_bits=8, kv_backend="ggml", **LLAMA),
+    "llama.cpp f16 + prompt lookup": Stack(precision="f16", speculation="prompt_lookup", num_draft_tokens=4, **LLAMA),
+}
+
+
+def build_engines_store(folder) -> str:
+    """One run per stack above (2 repeats: the effects' intervals need them), logged to a fresh store."""
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    tracking.prepare_store(uri)
+    for name, stack in STACKS.items():
+        result = run_trial(TrialConfig("engines", SMOL, stack, WORKLOAD, repeats=2))
+        assert result.status == "FINISHED", (name, result.error)
+        tracking.log_trial(uri, result)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def runs(engines_store):
+    frame = tracking.runs_frame(engines_store, "engines")
+    return {row["stack"]: row for _, row in frame.iterrows()}
+
+
+def test_the_gguf_cache_builds_a_type_once_from_the_shipped_file(real_models):
+    from trials.engines.llama_cpp import gguf
+    from trials.models.registry import get_model
+
+    entry = get_model(SMOL)
+    shipped, card = gguf.gguf_file(entry, "q4_1")
+    assert card["origin"] == "shipped" and shipped == gguf.shipped_file(entry)
+    path, built = gguf.gguf_file(entry, "q8_0")
+    assert built["origin"] == "llama_model_quantize from SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert built["source_sha256"] == real_models[SMOL]["gguf_sha256"]   # the same file the HF folder came from
+    stamp = path.stat().st_mtime_ns
+    again, _ = gguf.gguf_file(entry, "q8_0")
+    assert again == path and path.stat().st_mtime_ns == stamp, "a current type is not built again"
+    card_file = json.loads((gguf.gguf_dir(entry) / gguf.CARD_FILE).read_text())
+    assert card_file["types"]["q8_0"]["bytes"] == path.stat().st_size
+    assert shipped.stat().st_size < path.stat().st_size                # 4.5 bits a weight vs 8.5
+
+
+def test_one_trial_per_factor_on_llama_cpp_against_transformers(runs):
+    base, shipped = runs["llama_cpp:f16"], runs["llama_cpp:q4_1"]
+    kv8, lookup = runs["llama_cpp:f16+kv8-ggml"], runs["llama_cpp:f16+lookup(k=4)"]
+    reference = runs["fp32"]
+    for row in (base, shipped, kv8, lookup):
+        assert row["tags.engine"] == "llama_cpp" and row["tags.reference_precision"] == "fp32"
+        assert float(row["tok_per_s"]) > 0 and float(row["tok_per_s_ci_low"]) <= float(row["tok_per_s"])
+        assert float(row["tokenizer_parity"]) == 1.0, row["tags.tokenizer_parity_prompts"]
+        assert float(row["new_tokens_per_prompt"]) == WORKLOAD.max_new_tokens
+        assert 0 <= float(row["fidelity_token_match"]) <= 1
+        assert float(row["llama_eval_ms"]) > 0 and row["tags.llama_cpp_python"] == "0.3.36"
+        assert "4-bit-derived" in row["tags.weights_origin"]
+    assert float(reference["fidelity_token_match"]) == 1.0 and reference["tags.reference_source"] == "this trial"
+    # weights: the shipped Q4_1 is the smaller file; F16 of the same values decodes the fp32 reference's tokens
+    assert float(shipped["weights_bytes"]) < 0.4 * float(base["weights_bytes"])
+    assert float(base["fidelity_token_match"]) >= 0.8, "F16 of the same weights, greedy, 8 tokens"
+    # KV cache: q8_0 holds 34 bytes per 32 elements, f16 64: the computed bytes say so, the user code too
+    assert float(kv8["kv_cache_bytes"]) / float(base["kv_cache_bytes"]) == pytest.approx(34 / 64, rel=1e-6)
+    assert kv8["tags.kv_cache_type"] == "q8_0" and "type_k=llama_cpp.GGML_TYPE_Q8_0" in kv8["tags.user_code"]
+    # prompt lookup: lossless (greedy verification), with fewer target passes than tokens where it hits
+    assert float(lookup["fidelity_token_match"]) == float(base["fidelity_token_match"])
+    assert 0 < float(lookup["target_passes_per_token"]) <= 1.0
+    assert "LlamaPromptLookupDecoding(num_pred_tokens=4)" in lookup["tags.user_code"]
+
+
+@pytest.mark.parametrize("stack, reason", [
+    (dict(precision="q4_1", batch_size=2, **LLAMA), "batch 1 only"),
+    (dict(precision="q4_1", speculation="draft", draft_model="smollm2-135m-instruct", num_draft_tokens=2, **LLAMA),
+     "prompt-lookup proposer"),
+    (dict(precision="q4_1", kv_bits=4, kv_backend="quanto", **LLAMA), "keeps no 'quanto' KV cache"),
+    (dict(precision="fp32", **LLAMA), "unknown precision 'fp32' for the llama_cpp engine"),
+    (dict(precision="q8_0"), "unknown precision 'q8_0' for the transformers engine"),
+    (dict(precision="fp32", kv_bits=8, kv_backend="ggml"), "keeps no 'ggml' KV cache"),
+])
+def test_what_an_engine_cannot_run_is_refused_with_the_reason(stack, reason):
+    with pytest.raises(ConfigError, match=reason):
+        TrialConfig("engines", SMOL, Stack(**stack), WORKLOAD)
+
+
+def test_other_groups_run_on_transformers_only_and_the_plan_says_which_models_llama_cpp_takes(caplog):
+    from sweeps.spaces import PROFILES
+    from trials import groups
+
+    with pytest.raises(ConfigError, match="the baseline group runs on transformers, not on llama_cpp"):
+        TrialConfig("baseline", SMOL, Stack(precision="q4_1", engine="llama_cpp"), WORKLOAD)
+    with caplog.at_level("INFO"):
+        planned = groups.get("engines").plan(["zoo-gqa", SMOL], PROFILES["quick"], "cpu")
+    assert {c.model for c in planned} == {SMOL} and "zoo-gqa left out" in caplog.text
+    labels = {c.stack.label for c in planned}
+    assert {"llama_cpp:q4_1", "llama_cpp:f16", "llama_cpp:q8_0", "llama_cpp:q4_0", "llama_cpp:f16+kv8-ggml",
+            "llama_cpp:f16+kv4-ggml", "llama_cpp:f16+lookup(k=4)", "nf4"} <= labels
+
+
+def test_the_section_draws_both_engines_and_each_effect(engines_store):
+    from dashboard.app import RenderedSections, open_store, render_section, section_frame
+    from dashboard.sections import engines
+
+    runs = open_store(engines_store)
+    page = str(render_section(engines, runs))
+    assert engines.OVERVIEW_ID in page and engines.ALL_EFFECTS_ID in page
+    frame = section_frame(engines, runs)
+    assert engines.deep_dive_models(frame) == [SMOL]
+    dive = dict(engines.deep_dive(frame, SMOL))
+    names = {trace.name for trace in dive[engines.SCATTER_ID].data}
+    assert names == {"transformers", "llama_cpp"}
+    table = engines.effects(engines._rows(frame))
+    llama = table[table["engine"] == "llama_cpp"].set_index("effect")
+    assert set(llama.index) == {"4-bit weights vs 16-bit", "8-bit KV cache vs 16", "prompt lookup vs none"}
+    for _, row in llama.iterrows():
+        assert row["low"] <= row["ratio"] <= row["high"]
+    assert str(RenderedSections(runs).deep_dive(engines, SMOL, {})).count("engines-") >= 2
+    lines = "\n".join(engines.report(frame))
+    assert "| smollm2-135m-instruct | llama_cpp | llama_cpp:q4_1 |" in lines and "4-bit weights vs 16-bit" in lines

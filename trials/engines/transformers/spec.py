@@ -1,0 +1,13 @@
+"""The transformers engine's declaration (torch-free)."""
+
+from trials.engines.spec import Engine
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
+
+
+def guard(stack) -> str | None:
+    return None             # every stack of the seed's axes runs here (each technique guards its own)
+
+
+SPEC = Engine("transformers", "transformers generate()", PRECISIONS, ("hqq", "quanto"), guard, "transformers",
+              "trials.engines.transformers.generation")

