@@ -250,8 +250,8 @@ def build_models(keys: list[str], small: bool, device: str, workdir: Path, log) 
 
 def measure_bandwidth(device: str, nbytes: int, repeats: int = 10) -> dict:
     """Bytes/s of ``dst.copy_(src)`` over ``nbytes`` (read + write counted), best and median: the
-    project's own timed copy (``trials.techniques.batching.runner.copy_seconds``, the batching group's roofline)."""
-    from trials.techniques.batching.runner import copy_seconds
+    project's own timed copy (``trials.measurement.bandwidth.copy_seconds``, the rooflines' bandwidth)."""
+    from trials.measurement.bandwidth import copy_seconds
 
     times = copy_seconds(device, nbytes, repeats)
     return {"copy_bytes": nbytes, "repeats": repeats, "best_bytes_per_s": 2 * nbytes / min(times),

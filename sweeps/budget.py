@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from trials import groups
+from trials.engines import ENGINES
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.models import pypi, zoo
@@ -207,11 +208,19 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int,
     return costs
 
 
+def calibrated_precision(config: TrialConfig) -> str:
+    """The precision whose step cost estimates ``config``: its own, or for an engine the budget does
+    not calibrate (``Engine.calibrated``) transformers' reference precision, an upper bound there."""
+    if ENGINES[config.stack.engine].calibrated:
+        return config.stack.precision
+    return reference_precision(config.entry(), config.device)
+
+
 def pairs_needed(configs: list[TrialConfig]) -> set[tuple[ModelEntry, str]]:
     """(model entry, precision) pairs whose step cost the estimate of ``configs`` reads."""
     pairs = set()
     for c in configs:
-        pairs.add((c.entry(), c.stack.precision))
+        pairs.add((c.entry(), calibrated_precision(c)))
         if c.stack.draft_model:
             pairs.add((c.entry(c.stack.draft_model), c.stack.precision))
         if groups.get(c.group).calibrates_reference:
@@ -285,13 +294,14 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
     timed passes where it has none), loading, and the per-trial overhead. ``references`` collects
     reference runs already counted (a worker measures a group's reference once and reuses it)."""
     references = set() if references is None else references
-    cost = costs.get((config.model, config.stack.precision))
+    precision = calibrated_precision(config)
+    cost = costs.get((config.model, precision))
     if cost is None:
         return TRIAL_OVERHEAD_S                                  # fails at once (missing package)
     estimate = Estimate(config, costs, cost, references)
     technique = groups.get(config.group)
     total = TRIAL_OVERHEAD_S + (technique.cost(config, estimate) if technique.cost else estimate.plain)
-    return total + estimate.once(("load", config.model, config.stack.precision), cost.load_s)
+    return total + estimate.once(("load", config.model, precision), cost.load_s)
 
 
 def estimate_seconds(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost]) -> float:

@@ -18,7 +18,8 @@ from trials.measurement.instruments import model_weights_bytes
 from trials.models import loading
 from trials.prompts import workload_prompts
 from trials.run import run_trial
-from trials.techniques.batching.runner import base_id, batch_rows, equal_length_prompts, parse_memory_budget
+from trials.config import parse_memory_budget
+from trials.techniques.batching.runner import base_id, batch_rows, equal_length_prompts
 from trials.worker import WORKER
 
 TINY = Workload("mixed", 1, 8)          # 4 prompts (one per type), 8 new tokens

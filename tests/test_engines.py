@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 import tracking
@@ -17,7 +18,7 @@ from trials.errors import ConfigError
 from trials.run import run_trial
 
 SMOL = "smollm2-135m-instruct"
-WORKLOAD = Workload("mixed", prompts_per_type=1, max_new_tokens=8)
+WORKLOAD = Workload("mixed", prompts_per_type=1, max_new_tokens=8, eval_windows=2)
 LLAMA = dict(engine="llama_cpp")
 STACKS = {                                     # one per factor, and the bases the effects need
     "transformers fp32": Stack("fp32"),
@@ -76,12 +77,24 @@ def test_one_trial_per_factor_on_llama_cpp_against_transformers(runs):
         assert float(row["llama_eval_ms"]) > 0 and row["tags.llama_cpp_python"] == "0.3.36"
         assert "4-bit-derived" in row["tags.weights_origin"]
     assert float(reference["fidelity_token_match"]) == 1.0 and reference["tags.reference_source"] == "this trial"
+    for row in (base, shipped, kv8, reference):     # measured beside the batch-1 bandwidth bound
+        bound = float(row["memory_bandwidth_bytes_per_s"]) / float(row["decode_bytes_per_step"])
+        assert float(row["roofline_tok_per_s"]) == pytest.approx(bound)
+        assert 0 < float(row["roofline_ratio"]) < 1.5, (row["stack"], row["roofline_ratio"])
     # weights: the shipped Q4_1 is the smaller file; F16 of the same values decodes the fp32 reference's tokens
     assert float(shipped["weights_bytes"]) < 0.4 * float(base["weights_bytes"])
     assert float(base["fidelity_token_match"]) >= 0.8, "F16 of the same weights, greedy, 8 tokens"
     # KV cache: q8_0 holds 34 bytes per 32 elements, f16 64: the computed bytes say so, the user code too
     assert float(kv8["kv_cache_bytes"]) / float(base["kv_cache_bytes"]) == pytest.approx(34 / 64, rel=1e-6)
     assert kv8["tags.kv_cache_type"] == "q8_0" and "type_k=llama_cpp.GGML_TYPE_Q8_0" in kv8["tags.user_code"]
+    # teacher-forced quality on the same windows: F16 of the same weights is the reference's distribution,
+    # a q8_0 cache moves it (no less), the shipped Q4_1 (llama.cpp's Q8 activations) a little more
+    assert float(reference["kl_divergence"]) == 0.0 and reference["tags.perplexity_method"].startswith("strided")
+    assert float(base["kl_divergence"]) < 1e-3 and abs(float(base["perplexity_ratio"]) - 1) < 0.01
+    assert float(kv8["kl_divergence"]) >= float(base["kl_divergence"])
+    assert float(shipped["kl_divergence"]) < 0.05 and float(shipped["perplexity_tokens"]) > 0
+    assert lookup.get("kl_divergence") is None or pd.isna(lookup["kl_divergence"])
+    assert "lossless" in lookup["tags.quality_note"]
     # prompt lookup: lossless (greedy verification), with fewer target passes than tokens where it hits
     assert float(lookup["fidelity_token_match"]) == float(base["fidelity_token_match"])
     assert 0 < float(lookup["target_passes_per_token"]) <= 1.0

@@ -74,7 +74,7 @@ class WorkerState:
     ``load_notes``: how a quantized model was made (GPTQ cache hit, calibration), by load key;
     ``memos``: each group's reference runs and other once-per-worker measurements, by name
     (``memo(name)``), e.g. ``speculative.baseline``, ``kv_cache.reference``, ``batching.batch1``,
-    ``batching.bandwidth``, ``batching.ladder_end``, ``quantization.reference``.
+    ``bandwidth``, ``batching.ladder_end``, ``quantization.reference``.
     """
 
     models: "OrderedDict[tuple[str, str, str], object]" = field(default_factory=OrderedDict)

@@ -39,7 +39,7 @@ EFFECTS = ("4-bit weights vs 16-bit", "8-bit KV cache vs 16", "4-bit KV cache vs
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:
     rows = latest(frame, ["model", "stack"]).copy()
     for column in ("tok_per_s", "peak_memory_bytes", "kv_bits", "log_tok_per_s_mean", "log_tok_per_s_var",
-                   "tok_per_s_repeats"):
+                   "tok_per_s_repeats", "kl_divergence", "perplexity", "fidelity_token_match"):
         if column in rows.columns:
             rows[column] = pd.to_numeric(rows[column], errors="coerce")
     rows = rows[rows["tok_per_s"].notna() & rows["tok_per_s"].map(math.isfinite)]
@@ -106,6 +106,19 @@ def effects(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _quality(row) -> str:
+    parts = []
+    for column, label, fmt in (("fidelity_token_match", "token match", ".2f"), ("kl_divergence", "KL", ".4f"),
+                               ("perplexity", "perplexity", ".2f")):
+        value = row.get(column)
+        if value is not None and not pd.isna(value):
+            parts.append(f"{label} {float(value):{fmt}}")
+    weights = row.get("tags.gguf_origin")
+    if isinstance(weights, str) and weights:
+        parts.append(f"GGUF: {weights}")
+    return ", ".join(parts) or "not scored"
+
+
 def scatter(rows: pd.DataFrame, model: str | None) -> go.Figure:
     """tok/s vs peak memory, one colour per engine; ``model`` None: every model, each point named."""
     figure = go.Figure()
@@ -119,8 +132,9 @@ def scatter(rows: pd.DataFrame, model: str | None) -> go.Figure:
             name=engine, x=xs, y=[float(v) / MB for v in part["peak_memory_bytes"]], mode="markers+text",
             text=names, textposition="top center",
             marker=dict(size=11, color=COLORS.get(engine)), error_x=error_x, customdata=provenance(part),
+            hovertext=[_quality(row) for _, row in part.iterrows()],
             hovertemplate=f"<b>{engine}</b> %{{text}}<br>tok/s: %{{x:.1f}}<br>peak memory: %{{y:.1f}} MB<br>"
-                          + PROVENANCE_HOVER + "<extra></extra>"))
+                          "quality: %{hovertext}<br>" + PROVENANCE_HOVER + "<extra></extra>"))
     figure.update_layout(title=f"{model or 'Every model'}: decode tok/s vs peak memory by engine "
                                "(bottom-right is best)",
                          xaxis_title="decode tok/s", yaxis_title="peak memory (MB)", legend_title="engine",
@@ -205,15 +219,19 @@ def report(frame: pd.DataFrame) -> list[str]:
     if not has(frame, *NEEDED):
         return []
     rows = _rows(frame)
-    lines = ["| model | engine | stack | tok/s (95 % interval) | peak MB | token match |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | engine | stack | tok/s (95 % interval) | peak MB | token match | KL (nats) | perplexity |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def number(row, column: str, fmt: str) -> str:
+        value = row.get(column)
+        return "" if value is None or pd.isna(value) else format(float(value), fmt)
+
     for _, row in rows.sort_values(["model", "engine", "tok_per_s"]).iterrows():
         low, high = row.get("tok_per_s_ci_low"), row.get("tok_per_s_ci_high")
         ci = f" ({float(low):.1f}–{float(high):.1f})" if low is not None and not pd.isna(low) else ""
-        match = row.get("fidelity_token_match")
         lines.append(f"| {row['model']} | {row['engine']} | {row['stack']} | {float(row['tok_per_s']):.1f}{ci} | "
-                     f"{float(row['peak_memory_bytes']) / MB:.0f} | "
-                     f"{'' if match is None or pd.isna(match) else f'{float(match):.2f}'} |")
+                     f"{float(row['peak_memory_bytes']) / MB:.0f} | {number(row, 'fidelity_token_match', '.2f')} | "
+                     f"{number(row, 'kl_divergence', '.4f')} | {number(row, 'perplexity', '.2f')} |")
     lines += ["", "| model | effect | " + " | ".join(sorted(rows["engine"].unique())) + " |",
               "| --- | --- | " + " | ".join("---" for _ in rows["engine"].unique()) + " |"]
     for model, part in rows.groupby("model"):

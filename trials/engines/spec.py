@@ -20,6 +20,8 @@ class Engine:
     guard: Callable[[object], str | None]       # why a stack cannot run on it, or None
     package: str                                # the Python package that runs it
     generation: str                             # its module: generate_batch(...) and facts(...)
+    calibrated: bool = True                     # the budget calibrates its precisions' step costs; else
+    #                                             it estimates from transformers' reference precision
 
     def module(self):
         """The engine's generation module (in a worker: it imports the engine's packages on use)."""

@@ -29,4 +29,5 @@ def guard(stack) -> str | None:
 
 
 SPEC = Engine(NAME, "llama.cpp (llama-cpp-python)", GGUF_TYPES, ("ggml",), guard, "llama_cpp",
-              "trials.engines.llama_cpp.generation")
+              "trials.engines.llama_cpp.generation",
+              calibrated=False)     # the budget's transformers reference step: an upper bound here

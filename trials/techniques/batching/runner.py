@@ -38,12 +38,11 @@ What a trial does (``run_batching``), composing ``trials.loop``'s pieces (one me
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 
 import torch
 
-from trials.config import Runtime, TrialConfig, human_bytes, parse_memory_budget
+from trials.config import Runtime, TrialConfig, human_bytes
 from trials.engines.transformers.generation import prepare
 from trials.errors import ConfigError
 from trials.loop import OOM, TrialResult, compare_outputs, failed_result, finish, free_memory, measure, trial_prompts
@@ -51,6 +50,7 @@ from trials.measurement.instruments import model_weights_bytes
 from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
 from trials.models import loading
 from trials.prompts import Prompt
+from trials.measurement.bandwidth import memory_bandwidth
 from trials.stats.theory import roofline_tok_per_s
 from trials.worker import WORKER
 
@@ -168,72 +168,6 @@ def predict_peak(loaded: loading.LoadedModel, batch: int, prompt_tokens: int,
 
 
 # ------------------------------------------------------------------------------ bandwidth, roofline
-
-COPY_REPEATS = 5
-
-
-def _last_level_cache_bytes() -> int:
-    sizes = []
-    for index in range(8):
-        path = f"/sys/devices/system/cpu/cpu0/cache/index{index}/size"
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            break
-        try:
-            sizes.append(parse_memory_budget(text.replace("K", "KiB").replace("M", "MiB")))
-        except ConfigError:
-            pass
-    return max(sizes, default=0)
-
-
-def copy_buffer_bytes(device: str) -> int:
-    """1 GiB on a GPU; on a CPU twice the last-level cache (at least 256 MiB, at most 2 GiB), so the
-    copy streams from DRAM instead of the cache."""
-    if device == "cuda":
-        return 2**30
-    return int(min(max(2 * _last_level_cache_bytes(), 256 * 2**20), 2 * 2**30))
-
-
-def memory_bandwidth(device: str, measured_by: str = "") -> tuple[float, str]:
-    """Bytes/s of a large device-to-device copy (read + write counted), best of a few, and where it
-    came from; measured once per worker and thread count (the trial's torch threads are the ones
-    that read its weights)."""
-    return WORKER.memo("batching.bandwidth").get(
-        (device, torch.get_num_threads()), measured_by,
-        lambda: _measure_bandwidth(device, copy_buffer_bytes(device)))
-
-
-def copy_seconds(device: str, nbytes: int, repeats: int = COPY_REPEATS) -> list[float]:
-    """Seconds of ``repeats`` copies of an ``nbytes`` buffer on ``device`` (after one warm-up copy);
-    each copy reads and writes ``nbytes``, so its bandwidth is ``2 * nbytes / seconds``."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.zeros_like(src)
-    times = []
-    for i in range(repeats + 1):                    # the first copy warms up
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            torch.cuda.synchronize()
-            seconds = start.elapsed_time(end) / 1000
-        else:
-            started = time.perf_counter()
-            dst.copy_(src)
-            seconds = time.perf_counter() - started
-        if i:
-            times.append(seconds)
-    del src, dst
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return times
-
-
-def _measure_bandwidth(device: str, nbytes: int) -> float:
-    return 2 * nbytes / min(copy_seconds(device, nbytes))
-
 
 def decode_bytes_per_step(loaded: loading.LoadedModel, batch: int, prompt_tokens: int,
                           new_tokens: int, measured_kv_bytes: int) -> tuple[float, str]:

@@ -20,8 +20,11 @@ from trials.engines.llama_cpp import generation as llama_cpp
 from trials.engines.llama_cpp.spec import NAME as LLAMA_CPP
 from trials.engines.transformers.generation import prepare
 from trials.loop import TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.measurement.bandwidth import memory_bandwidth
 from trials.models import loading
-from trials.models.registry import reference_precision
+from trials.models.registry import perplexity_method, reference_precision
+from trials.stats.theory import roofline_tok_per_s
+from trials.techniques.engines import quality
 from trials.worker import WORKER
 
 
@@ -103,4 +106,55 @@ def run_engine_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     reference, source = _reference(config, prompts, this_trial)
     metrics.update(compare_outputs(measured.outputs(), reference.outputs))
     tags.update(reference_precision=reference.precision, reference_source=source)
-    return finish(config, runtime, loaded, measured, metrics=metrics, tags=tags)
+    metrics_q, tags_q = _quality(config, loaded)
+    metrics.update(metrics_q)
+    tags.update(tags_q)
+    result = finish(config, runtime, loaded, measured, metrics=metrics, tags=tags)
+    _roofline(config, result)
+    return result
+
+
+def _roofline(config: TrialConfig, result: TrialResult) -> None:
+    """The batch-1 bandwidth bound beside the measured tok/s: a decode step reads the weights once and
+    the cache at the mean decode context (KV bytes per token from the cache the trial ended with), at
+    the bandwidth of a large copy on this machine (``trials.measurement.bandwidth``). Prompt lookup can
+    pass it: one target pass then emits several tokens."""
+    m = result.metrics
+    bandwidth, source = memory_bandwidth(config.device, config.config_hash)
+    per_token = m["kv_cache_bytes"] / m["kv_cache_tokens"] if m.get("kv_cache_tokens") else 0.0
+    step = m["weights_bytes"] + per_token * (m["prompt_tokens_mean"] + config.workload.max_new_tokens / 2)
+    m.update(memory_bandwidth_bytes_per_s=bandwidth, decode_bytes_per_step=step,
+             roofline_tok_per_s=roofline_tok_per_s(1, bandwidth, step))
+    m["roofline_ratio"] = m["tok_per_s"] / m["roofline_tok_per_s"]
+    result.tags["bandwidth_source"] = source
+
+
+def _quality(config: TrialConfig, loaded) -> tuple[dict[str, float], dict[str, str]]:
+    """Teacher-forced perplexity and KL against the reference precision on the model's perplexity
+    windows: for plain stacks on both engines and llama.cpp's quantized caches (a window evaluated in
+    one batch reads its K/V back from the cache). Not for prompt lookup (lossless: its quality is its
+    base stack's) nor for transformers' quantized caches (they keep the last 128 tokens in full
+    precision, so a 256-token window would not exercise them: the kv_cache group measures those by
+    decoding through the cache)."""
+    stack, entry = config.stack, config.entry()
+    if stack.speculation != "none":
+        return {}, {"quality_note": "prompt lookup is lossless: its teacher-forced quality is its base stack's"}
+    if stack.engine != LLAMA_CPP and stack.kv_bits != 16:
+        return {}, {"quality_note": "a transformers quantized cache keeps 128 tokens in full precision: the "
+                                    "kv_cache group measures its KL by decoding through it"}
+    method = perplexity_method(entry, config.workload.eval_windows)
+    reference = loading.load(entry, reference_precision(entry, config.device), config.device)
+    if stack.engine == LLAMA_CPP:
+        import llama_cpp as binding
+
+        kv_type = getattr(binding, f"GGML_TYPE_{llama_cpp.KV_TYPES[stack.kv_bits].upper()}")
+        candidate = quality.llama_cpp_logits(str(loaded.path), method.context, kv_type, config.seed)
+    elif stack.precision == reference.precision:
+        candidate = None
+    else:
+        candidate = quality.transformers_logits(loaded.model)
+    measured = quality.compare(reference.model, reference.tokenizer, method, candidate)
+    tags = {"perplexity_method": method.describe(), "perplexity_corpus_hash": measured.corpus_hash}
+    if measured.vocab_note:
+        tags["quality_note"] = measured.vocab_note
+    return measured.metrics(), tags

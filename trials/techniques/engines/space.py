@@ -51,7 +51,7 @@ def plan(models: list[str], profile, device: str,
         stacks += [Stack(precision=base, kv_bits=bits, kv_backend=backend)
                    for bits, backend in map(parse_cache, TRANSFORMERS_CACHES)]
         stacks.append(Stack(precision=base, speculation="prompt_lookup", num_draft_tokens=k))
-        workload = planning.workload(settings)
+        workload = planning.workload(settings, eval_windows=settings.get("eval_windows", 0))
         configs += [planning.config(catalogue, NAME, entry, stack, device=device, workload=workload,
                                     repeats=settings["repeats"]) for stack in stacks]
     return configs

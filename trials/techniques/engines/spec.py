@@ -1,9 +1,13 @@
 """The engines group's declaration: the same models and prompts on llama.cpp beside transformers,
 and each optimization's effect per engine."""
 
+from dataclasses import replace
+
+from trials.models.registry import perplexity_method, reference_precision
 from trials.techniques.spec import ProfileKey, Technique
 
 NAME = "engines"
+MIN_EVAL_WINDOWS = 4      # perplexity windows a shrunk trial keeps at least
 
 
 def guard(stack) -> str | None:
@@ -14,9 +18,24 @@ def guard(stack) -> str | None:
 
 
 def cost(config, estimate) -> float:
-    """The transformers reference precision on the same prompts (once per model and workload), then
-    the trial's passes (llama.cpp's are faster than the estimate's transformers step: an upper bound)."""
-    return estimate.once((NAME, config.model, config.workload), estimate.plain) + estimate.plain
+    """The transformers reference precision on the same prompts (once per model and workload), the
+    trial's passes (llama.cpp's are faster than the estimate's transformers step: an upper bound), and
+    for a stack whose quality is scored the perplexity windows through the reference and the stack."""
+    s, w = config.stack, config.workload
+    scored = s.speculation == "none" and (s.engine != "transformers" or s.kv_bits == 16)
+    method = perplexity_method(config.entry(), w.eval_windows)
+    ref = estimate.step(config.model, reference_precision(config.entry(), config.device)) or estimate.cost
+    windows = method.windows * method.context * (ref.prefill_token_s + estimate.cost.prefill_token_s)
+    return (estimate.once((NAME, config.model, w), estimate.generate_s(ref, w.max_new_tokens, 1, 1))
+            + estimate.plain + (windows if scored else 0.0))
+
+
+def shrink(config, workload, prompts_divisor: int):
+    """Fewer perplexity windows, as prompts are divided."""
+    if prompts_divisor <= 1:
+        return workload
+    default = perplexity_method(config.entry(), config.workload.eval_windows).windows
+    return replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_divisor))
 
 
 SPEC = Technique(
@@ -28,6 +47,7 @@ SPEC = Technique(
     reference="transformers at the model's reference precision on the same prompt token ids, once "
               "per worker, model and workload (tag reference_source)",
     profile_keys={"gguf_types": ProfileKey("gguf", many=True), "caches": ProfileKey("cache", many=True),
-                  "lookup_k": ProfileKey("int", low=1, high=64)},
-    cost=cost, engines=("transformers", "llama_cpp"),
+                  "lookup_k": ProfileKey("int", low=1, high=64),
+                  "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True)},
+    cost=cost, calibrates_reference=True, shrink=shrink, engines=("transformers", "llama_cpp"),
 )
