@@ -15,20 +15,18 @@ milliseconds) travel beside the stamps.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import time
 from dataclasses import dataclass, field, replace
 
 from trials.config import TrialConfig
 from trials.engines.llama_cpp import gguf
+from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.engines.llama_cpp.spec import KV_TYPES
-from trials.errors import ConfigError
 from trials.measurement.instruments import TokenTimer
 from trials.prompts import Prompt
 from trials.worker import WORKER
 
-INSTALL = "pip install llama-cpp-python==0.3.36 (make setup installs it; it compiles llama.cpp, ~4-8 min once)"
 
 
 @dataclass
@@ -47,14 +45,6 @@ class LoadedGGUF:
     counts: dict = field(default_factory=lambda: {"eval_calls": 0, "eval_tokens": 0})
 
 
-def require_llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ConfigError(f"the llama_cpp engine needs llama-cpp-python: {INSTALL}") from None
-    return llama_cpp
-
-
 def _eos_ids(folder: pathlib.Path, tokenizer) -> tuple[int, ...]:
     """The end-of-sequence ids transformers' ``min_new_tokens`` suppresses (generation config's
     ``eos_token_id``, else the tokenizer's)."""
@@ -70,10 +60,6 @@ def _eos_ids(folder: pathlib.Path, tokenizer) -> tuple[int, ...]:
     if not ids and tokenizer.eos_token_id is not None:
         ids = [tokenizer.eos_token_id]
     return tuple(int(i) for i in ids)
-
-
-def threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)))
 
 
 def load(config: TrialConfig, tokenizer, n_ctx: int) -> LoadedGGUF:

@@ -20,6 +20,7 @@ import pathlib
 import shutil
 import time
 
+from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.errors import ConfigError
 from trials.models import pypi
 from trials.models.registry import ModelEntry
@@ -114,12 +115,11 @@ def gguf_file(entry: ModelEntry, gguf_type: str) -> tuple[pathlib.Path, dict]:
 
 def quantize(source: pathlib.Path, target: pathlib.Path, gguf_type: str) -> dict:
     """``llama_model_quantize`` from ``source`` to ``target`` (written under a temporary name)."""
-    import llama_cpp
-
+    llama_cpp = require_llama_cpp()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, FTYPES[gguf_type])
     params.allow_requantize = True
-    params.nthread = max(1, len(os.sched_getaffinity(0)))
+    params.nthread = threads()
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     started = time.perf_counter()
     log.info("llama.cpp: quantizing %s to %s", source.name, gguf_type)

@@ -81,7 +81,7 @@ def llama_cpp_logits(path: str, context: int, kv_type: int, seed: int) -> Callab
     """llama.cpp's logits for every position of a window (a context with ``logits_all``)."""
     import llama_cpp
 
-    from trials.engines.llama_cpp.generation import threads
+    from trials.engines.llama_cpp.binding import threads
 
     model = llama_cpp.Llama(model_path=path, n_ctx=context, n_batch=context, n_ubatch=context, logits_all=True,
                             n_threads=threads(), n_threads_batch=threads(), type_k=kv_type, type_v=kv_type,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from trials.config import Runtime, Stack, TrialConfig
 from trials.engines.llama_cpp import generation as llama_cpp
+from trials.engines.llama_cpp.binding import require_llama_cpp
 from trials.engines.llama_cpp.spec import NAME as LLAMA_CPP
 from trials.engines.transformers.generation import prepare
 from trials.loop import TrialResult, compare_outputs, finish, measure, trial_prompts
@@ -91,7 +92,7 @@ def run_engine_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     stack, entry = config.stack, config.entry()
     reference_precision_ = reference_precision(entry, config.device)
     if stack.engine == LLAMA_CPP:
-        llama_cpp.require_llama_cpp()
+        require_llama_cpp()
         tokenizer_source = loading.load(entry, reference_precision_, config.device)
         loaded, prompts, measured, metrics, tags = _llama_cpp_trial(config, tokenizer_source)
         this_trial = None
