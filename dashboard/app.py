@@ -31,6 +31,7 @@ from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaul
 from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note
 from trials import groups
 from trials.errors import one_line_errors
+from trials.redaction import redact
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}
@@ -86,7 +87,7 @@ def render_section(section, runs: tracking.RunsCache) -> html.Section:
     try:
         frame = section_frame(section, runs)
     except Exception as exc:  # one broken query must not take the whole page down
-        body = [empty_state(section.GROUP, f"Could not read this group: {type(exc).__name__}: {exc}")]
+        body = [empty_state(section.GROUP, redact(f"Could not read this group: {type(exc).__name__}: {exc}"))]
     else:
         charts = section.figures(frame)
         if not charts:
@@ -162,7 +163,7 @@ def page_graphs(runs: tracking.RunsCache) -> dict[str, dict]:
 
 
 def render_sections(runs: tracking.RunsCache) -> list:
-    loaded = html.P(f"Store: {runs.uri} · {runs.count()} runs · read {datetime.now():%Y-%m-%d %H:%M:%S}",
+    loaded = html.P(f"Store: {redact(runs.uri)} · {runs.count()} runs · read {datetime.now():%Y-%m-%d %H:%M:%S}",
                     id="loaded-at", style=MUTED)
     return [loaded] + [render_section(section, runs) for section in all_sections()]
 
@@ -216,7 +217,7 @@ def _refresh(runs: tracking.RunsCache, full: bool = False) -> None:
     try:
         runs.refresh(full=full)
     except Exception as exc:  # a store that went away: keep showing what the page has
-        print(f"warning: could not read {runs.uri}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(f"warning: could not read {redact(runs.uri)}: {type(exc).__name__}: {redact(exc)}", file=sys.stderr, flush=True)
 
 
 def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s: float = REFRESH_S,
@@ -407,9 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
         check_port_free(args.host, args.port)
     except (tracking.TrackingError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(exc)}", file=sys.stderr)
         return 2
-    print(f"Reading {uri} ...", flush=True)
+    print(f"Reading {redact(uri)} ...", flush=True)
     runs = open_store(uri)
     print(f"Read {runs.count()} runs in {runs.last_read_s:.1f} s. Dashboard on http://{args.host}:{args.port}/",
           flush=True)

@@ -25,6 +25,7 @@ from dashboard.reader import failed_runs, open_store, section_frame, unmeasured_
 from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaults
 from dashboard.sections.common import emulation_note, mark_emulated, real_model_note
 from trials.errors import one_line_errors
+from trials.redaction import redact
 
 TITLE = "Which inference optimizations actually help?"
 STYLE = """
@@ -47,7 +48,7 @@ def _section(section, runs: tracking.RunsCache) -> str:
         frame = section_frame(section, runs)
         charts = section.figures(frame)
     except Exception as exc:  # one broken group must not lose the others
-        return "".join(parts) + f"<p class='empty'>Could not read this group: {html.escape(f'{type(exc).__name__}: {exc}')}</p>"
+        return "".join(parts) + f"<p class='empty'>Could not read this group: {html.escape(redact(f'{type(exc).__name__}: {exc}'))}</p>"
     if not charts:
         parts.append(f"<p class='empty'>No finished runs yet. Fill it with: "
                      f"<code>python sweeps/full.py --groups {html.escape(section.GROUP)}</code></p>")
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
     except tracking.TrackingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(exc)}", file=sys.stderr)
         return 2
     out = Path(args.out)
     try:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) from {uri}")
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) from {redact(uri)}")
     return 0
 
 

@@ -24,6 +24,7 @@ from dashboard.sections import all_sections
 from dashboard.sections.common import trial_seconds
 from trials import groups
 from trials.errors import one_line_errors
+from trials.redaction import redact
 
 
 def machine(frames: dict[str, pd.DataFrame]) -> str:
@@ -55,7 +56,7 @@ def group_frames(uri: str) -> dict[str, pd.DataFrame]:
 
 def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
     """The store's figures as Markdown, from ``group_frames(uri)``."""
-    out = [f"Measured in `{uri}`: {machine(frames)}", "", *trial_times(frames)]
+    out = [f"Measured in `{redact(uri)}`: {machine(frames)}", "", *trial_times(frames)]
     for section in all_sections():                 # each section's own table, where it has one
         lines = section.report(frames[section.GROUP]) if hasattr(section, "report") else []
         if lines:
@@ -89,15 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
         frames = group_frames(uri)
         if all(frame.empty for frame in frames.values()):
-            raise tracking.TrackingError(f"{uri} holds no finished runs: run a sweep into it first "
+            raise tracking.TrackingError(f"{redact(uri)} holds no finished runs: run a sweep into it first "
                                          "(python sweeps/full.py --tracking-uri ...)")
     except tracking.TrackingError as exc:
-        print(f"llm-report: error: {exc}", file=sys.stderr)
+        print(f"llm-report: error: {redact(exc)}", file=sys.stderr)
         return 2
     if args.out is None:
         print(report(uri, frames), end="")
         return 0
-    command = f"llm-report --tracking-uri {args.tracking_uri or uri} --out {args.out}"
+    command = f"llm-report --tracking-uri {redact(args.tracking_uri or uri)} --out {args.out}"
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(results_page(uri, frames, command))

@@ -33,6 +33,7 @@ from sweeps.sweepfile import profiles
 from trials import groups
 from trials.config import TrialConfig, parse_memory_budget
 from trials.errors import ConfigError, one_line_errors
+from trials.redaction import redact
 from trials.models import pypi, zoo
 from trials.models.registry import BUILT_IN, Catalogue, all_models
 
@@ -368,11 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         validate(args)
         uri = tracking.reachable_uri(args.tracking_uri)
     except (ConfigError, tracking.TrackingError) as exc:
-        print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+        print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
         return 2
     delivered, left = tracking.deliver_spooled(uri)      # before planning: they count as done
     if delivered or left:
-        print(f"Spooled results from an earlier outage: {delivered} delivered to {uri}, {left} still waiting")
+        print(f"Spooled results from an earlier outage: {delivered} delivered to {redact(uri)}, {left} still waiting")
 
     started = time.perf_counter()
     ray_start_s = 0.0
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 wait_for_gpus(args.wait_for_gpus, budget.parse_budget(args.gpu_wait))
             except ConfigError as exc:
-                print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+                print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
                 ray.shutdown()
                 return 2
     device = detect_device(args.address)
@@ -398,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trials = plan(args, device, uri)
     except ConfigError as exc:
-        print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+        print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
         return 2
 
     zoo_s = calibrate_s = 0.0
@@ -413,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 ensure_models([c for cs in trials.values() for c in cs])
             except ConfigError as exc:
-                print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+                print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
                 return 2
             zoo_s = time.perf_counter() - phase
             phase = time.perf_counter()
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ensure_models(all_configs)
     except ConfigError as exc:
-        print(f"python sweeps/full.py: error: {exc}", file=sys.stderr)
+        print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
         return 2
     zoo_s += time.perf_counter() - phase
     tracking.prepare_store(uri)
@@ -528,9 +529,10 @@ def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s) -> No
         print(f"  {waiting} result(s) spooled in {spool.spool_dir()} (the store was unreachable); the next sweep "
               "or `python sweeps/full.py --flush` delivers them")
     print("\nLook at the runs:")
-    print(f"  MLflow UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-          if uri.startswith("sqlite") else f"  MLflow UI:  {uri}")
-    print(f"  Dashboard:  python dashboard/app.py --tracking-uri {uri}   (http://127.0.0.1:8050)")
+    shown = redact(uri)
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {shown} --host 127.0.0.1 --port 5000"
+          if uri.startswith("sqlite") else f"  MLflow UI:  {shown}")
+    print(f"  Dashboard:  python dashboard/app.py --tracking-uri {shown}   (http://127.0.0.1:8050)")
 
 
 if __name__ == "__main__":

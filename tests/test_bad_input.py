@@ -146,6 +146,10 @@ def _trial(**changes):
     return main, ["--config", _trial_json(**changes)]
 
 
+SECRET = "s3cr3t-pa55"
+SECRET_URI = f"http://alice:{SECRET}@127.0.0.1:9"
+
+
 # (kind, command factory taking (store uri, tmp_path), text the line must contain)
 CASES = [
     ("unknown group", lambda uri, tmp: _sweep("--groups", "nosuch", "--tracking-uri", uri), "nosuch"),
@@ -256,6 +260,26 @@ CASES = [
      lambda uri, tmp: (__import__("dashboard.export", fromlist=["main"]).main,
                        ["--tracking-uri", uri, "--out", str(tmp / "no" / "such" / "report.html")]), "cannot write"),
     ("report: a store with no finished runs", lambda uri, tmp: _report(tmp), "holds no finished runs"),
+    # secrets: a password in a tracking URI is never printed back (the line shows user:***@)
+    ("sweep: a tracking URI with a password", lambda uri, tmp: _sweep("--tracking-uri", SECRET_URI), "alice:***@"),
+    ("dashboard: a tracking URI with a password",
+     lambda uri, tmp: (__import__("dashboard.app", fromlist=["main"]).main, ["--tracking-uri", SECRET_URI]),
+     "alice:***@"),
+    ("export: a tracking URI with a password",
+     lambda uri, tmp: (__import__("dashboard.export", fromlist=["main"]).main,
+                       ["--tracking-uri", SECRET_URI, "--out", str(tmp / "r.html")]), "alice:***@"),
+    ("report: a tracking URI with a password",
+     lambda uri, tmp: (__import__("dashboard.report", fromlist=["main"]).main, ["--tracking-uri", SECRET_URI]),
+     "alice:***@"),
+    ("sweep: a tracking URI with a token in its query",
+     lambda uri, tmp: _sweep("--tracking-uri", "http://127.0.0.1:9/?token=" + SECRET), "token=***"),
+    # engines: what llama.cpp cannot run, refused before anything starts
+    ("trial: batch 2 on llama.cpp",
+     lambda uri, tmp: _trial(group="engines", model="smollm2-135m-instruct",
+                             stack={"engine": "llama_cpp", "precision": "q4_1", "batch_size": 2}), "batch 1 only"),
+    ("trial: an engine that does not exist", lambda uri, tmp: _trial(stack={"engine": "vllm"}), "unknown engine 'vllm'"),
+    ("trial: a GGUF type on transformers", lambda uri, tmp: _trial(stack={"precision": "q4_0"}),
+     "unknown precision 'q4_0' for the transformers engine"),
 ]
 
 
@@ -282,13 +306,15 @@ def _one_line_and_nothing_changed(kind, make, needle, store, tmp_path, capsys) -
         code = main(argv)
     except SystemExit as exit_:              # argparse: usage line + one error line
         code = exit_.code
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
     lines = [line for line in lines if "INFO" not in line and "WARNING" not in line]
     assert code == 2, (kind, code, err)
     assert "Traceback" not in err, (kind, err)
     assert len(lines) == 1, (kind, err)
     assert needle in lines[0], (kind, lines[0])
+    assert SECRET not in err + captured.out, f"{kind}: a secret was printed back"
     assert _digest(store) == before, f"{kind}: the store changed"
 
 

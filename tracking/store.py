@@ -24,6 +24,7 @@ import pandas as pd
 
 from tracking import spool
 from trials.config import TrialConfig
+from trials.redaction import redact
 from trials import groups
 
 TRIAL_ARTIFACT = "trial.json"
@@ -47,7 +48,7 @@ def resolve_uri(uri: str | None = None) -> str:
         if path and not path.startswith("/") and path != ":memory:":
             uri = "sqlite:///" + str(Path(path).resolve())
     elif "://" not in uri:                       # a bare folder or file path
-        raise TrackingError(f"tracking URI {uri!r} has no scheme; use sqlite:///path/mlflow.db "
+        raise TrackingError(f"tracking URI {redact(uri)!r} has no scheme; use sqlite:///path/mlflow.db "
                             "or http://host:port")
     return uri
 
@@ -76,11 +77,11 @@ def check_reachable(uri: str, timeout_s: float = 5.0, writable: bool = True) -> 
     path = _sqlite_path(uri)
     if path is not None:
         if not path.parent.is_dir():
-            raise TrackingError(f"tracking store {uri} is unreachable: folder {path.parent} does not exist")
+            raise TrackingError(f"tracking store {redact(uri)} is unreachable: folder {path.parent} does not exist")
         if writable and (not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK))):
-            raise TrackingError(f"tracking store {uri} is not writable")
+            raise TrackingError(f"tracking store {redact(uri)} is not writable")
         if not writable and path.exists() and not os.access(path, os.R_OK):
-            raise TrackingError(f"tracking store {uri} is not readable")
+            raise TrackingError(f"tracking store {redact(uri)} is not readable")
         return
     if uri.startswith(("http://", "https://")):
         import requests
@@ -88,12 +89,12 @@ def check_reachable(uri: str, timeout_s: float = 5.0, writable: bool = True) -> 
         try:
             response = requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
         except requests.RequestException as exc:
-            raise TrackingError(f"tracking server {uri} is unreachable "
+            raise TrackingError(f"tracking server {redact(uri)} is unreachable "
                                 f"({type(exc).__name__}); is `mlflow server` running?") from None
         if response.status_code != 200:
-            raise TrackingError(f"tracking server {uri} answered HTTP {response.status_code} on /health")
+            raise TrackingError(f"tracking server {redact(uri)} answered HTTP {response.status_code} on /health")
         return
-    raise TrackingError(f"unsupported tracking URI {uri!r}; use sqlite:///path/mlflow.db or http(s)://")
+    raise TrackingError(f"unsupported tracking URI {redact(uri)!r}; use sqlite:///path/mlflow.db or http(s)://")
 
 
 def _client(uri: str):
@@ -188,7 +189,7 @@ def log_trial(uri: str, result, sweep_id: str = "") -> str:
             raise
 
         path = spool.save(uri, record, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
-        print(f"warning: tracking store {uri} unreachable; result spooled to {path} (delivered when it is "
+        print(f"warning: tracking store {redact(uri)} unreachable; result spooled to {path} (delivered when it is "
               "back: the next trial, the next sweep, or `python sweeps/full.py --flush`)", flush=True)
         return ""
     deliver_spooled(uri)

@@ -19,7 +19,9 @@ def one_line_errors(prog: str):
             try:
                 return main(argv)
             except ConfigError as exc:
-                print(f"{prog}: error: {exc}", file=sys.stderr)
+                from trials.redaction import redact
+
+                print(f"{prog}: error: {redact(exc)}", file=sys.stderr)
                 return 2
         return run
     return wrap
