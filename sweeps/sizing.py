@@ -15,6 +15,7 @@ from pathlib import Path
 from sweeps import schema
 from trials import groups
 from trials.config import KV_BACKEND_BITS, PRECISIONS, Workload, parse_cache
+from trials.engines import ENGINES
 from trials.engines.llama_cpp.spec import GGUF_TYPES
 from trials.models.registry import ModelEntry
 from trials.prompts import PROMPT_SETS
@@ -48,7 +49,7 @@ class KvCache(schema.Type):
 def _schema_type(key: ProfileKey) -> schema.Type:
     one = {"int": lambda: schema.Int(key.low, key.high), "bool": schema.Bool,
            "precision": lambda: schema.Choice(PRECISIONS), "cache": KvCache,
-           "gguf": lambda: schema.Choice(GGUF_TYPES)}[key.kind]()
+           "gguf": lambda: schema.Choice(GGUF_TYPES), "engine": lambda: schema.Choice(tuple(ENGINES))}[key.kind]()
     return schema.ListOf(one) if key.many else one
 
 

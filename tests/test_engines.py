@@ -149,3 +149,21 @@ def test_the_section_draws_both_engines_and_each_effect(engines_store):
     assert str(RenderedSections(runs).deep_dive(engines, SMOL, {})).count("engines-") >= 2
     lines = "\n".join(engines.report(frame))
     assert "| smollm2-135m-instruct | llama_cpp | llama_cpp:q4_1 |" in lines and "4-bit weights vs 16-bit" in lines
+
+
+def test_a_sweep_file_picks_the_engines(tmp_path):
+    """``engines:`` in the engines group's profile section plans those engines only; an engine that
+    does not exist is one line naming the valid ones."""
+    from sweeps.schema import SchemaError
+    from sweeps.sweepfile import load_sweep
+    from trials import groups
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("groups: [engines]\nmodels: [smollm2-135m-instruct]\n"
+                    "profile: {base: quick, engines: {engines: [llama_cpp]}}\n")
+    sweep = load_sweep(path)
+    planned = groups.get("engines").plan(sweep.models, sweep.profile, "cpu")
+    assert planned and {c.stack.engine for c in planned} == {"llama_cpp"}
+    path.write_text("groups: [engines]\nprofile: {base: quick, engines: {engines: [vllm]}}\n")
+    with pytest.raises((SchemaError, ConfigError), match="vllm"):
+        load_sweep(path)

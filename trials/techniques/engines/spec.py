@@ -48,6 +48,7 @@ SPEC = Technique(
               "per worker, model and workload (tag reference_source)",
     profile_keys={"gguf_types": ProfileKey("gguf", many=True), "caches": ProfileKey("cache", many=True),
                   "lookup_k": ProfileKey("int", low=1, high=64),
-                  "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True)},
+                  "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True),
+                  "engines": ProfileKey("engine", many=True, optional=True)},
     cost=cost, calibrates_reference=True, shrink=shrink, engines=("transformers", "llama_cpp"),
 )
