@@ -5,7 +5,8 @@ memory (y) for every stack of both engines, one colour per engine, labelled with
 type on llama.cpp, a precision on transformers) and its cache or prompt lookup: bottom-right is best.
 **Effects per engine**: each optimization's multiplicative effect on tok/s, measured on each engine
 from its own 16-bit base (transformers: its fast precision; llama.cpp: F16): 4-bit weights (NF4;
-the shipped Q4 GGUF), an 8- and a 4-bit KV cache, prompt lookup. The whisker is a 95 % t-interval on
+the shipped Q4 GGUF, the type people deploy, not the Q4_0 requantized from it), an 8- and a 4-bit KV
+cache, prompt lookup. The whisker is a 95 % t-interval on
 the log ratio of the two runs (their repeats' variances, Welch-style degrees of freedom rounded down):
 where it crosses 1 the effect is within the noise. An effect above 1 on one engine and below on the
 other is a flip, and the chart shows it side by side.
@@ -99,7 +100,8 @@ def effects(rows: pd.DataFrame) -> pd.DataFrame:
         }
         for name, found in candidates.items():
             if len(found):
-                row = found.sort_values("tok_per_s").iloc[-1]
+                shipped = found[found.get("tags.gguf_origin", pd.Series("", index=found.index)) == "shipped"]
+                row = (shipped if len(shipped) else found).sort_values("tok_per_s").iloc[-1]
                 ratio, low, high = _ratio(row, base)
                 out.append({"engine": engine, "effect": name, "ratio": ratio, "low": low, "high": high,
                             "stack": row["stack"], "base": base["stack"]})
