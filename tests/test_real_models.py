@@ -58,15 +58,17 @@ PER_GROUP = {
     "quantization": (Stack("nf4"), Workload("prose", 1, 8, eval_windows=2)),
     "speculative": (Stack("fp32", speculation="prompt_lookup", num_draft_tokens=4), Workload("repetitive", 1, 8)),
     "stacks": (Stack("bf16", kv_bits=4, kv_backend="quanto"), TINY),
-    "engines": (Stack("q4_1", engine="llama_cpp"), TINY),            # the shipped GGUF on llama.cpp
 }
+SHARED = {"engines": "llama_cpp:q4_1"}    # taken from the session's engines store (tests/test_engines.py)
 
 
 @pytest.fixture(scope="module")
-def smol_store(real_models, tmp_path_factory):
+def smol_store(real_models, engines_store, tmp_path_factory):
     """One trial per chart group on SmolLM2 (one repeat: the suite checks the path, not the
-    numbers), logged to a fresh MLflow store: (uri, results)."""
+    numbers), logged to a fresh MLflow store: (uri, results). The engines group's is the shipped
+    GGUF's run of the session's engines store (llama.cpp), copied."""
     import tracking
+    from trials.loop import TrialResult
 
     uri = tracking.resolve_uri(f"sqlite:///{tmp_path_factory.mktemp('real')}/mlflow.db")
     tracking.prepare_store(uri)
@@ -74,10 +76,16 @@ def smol_store(real_models, tmp_path_factory):
     for group, (stack, workload) in PER_GROUP.items():
         results[group] = run_trial(TrialConfig(group, SMOL, stack, workload, repeats=1))
         tracking.log_trial(uri, results[group])
+    for group, label in SHARED.items():
+        frame = tracking.runs_frame(engines_store, group)
+        data = tracking.read_trial_artifact(engines_store, frame[frame["stack"] == label]["run_id"].iloc[0])
+        results[group] = TrialResult(TrialConfig.from_dict(data["config"]), data["status"], data["metrics"],
+                                     data["tags"], data["raw"], data.get("error", ""))
+        tracking.log_trial(uri, results[group])
     return uri, results
 
 
-@pytest.mark.parametrize("group", list(PER_GROUP))
+@pytest.mark.parametrize("group", [*PER_GROUP, *SHARED])
 def test_one_trial_per_group_on_smollm2(smol_store, group):
     result = smol_store[1][group]
     assert result.status == "FINISHED", result.error

@@ -54,14 +54,14 @@ def test_sweep_writes_finished_runs(quick_sweep):
 
 def test_a_second_sweep_plans_the_same_and_skips_what_finished(quick_sweep, capsys, monkeypatch):
     """The same command again (as a dry run, in this process): the cached calibration plans the very
-    same configs, every FINISHED one is skipped and every FAILED one would run again."""
+    same configs and every FINISHED one is skipped (a FAILED one would run again: tests/test_faults.py)."""
     for name, value in quick_sweep.env.items():
         monkeypatch.setenv(name, value)
     code, out, err = _main([*quick_sweep.args, "--dry-run"], capsys)
     assert code == 0, err
     counts = [quick_sweep.counts(g) for g in QUICK_SWEEP_GROUPS]
     planned, finished = sum(map(sum, counts)), sum(c[0] for c in counts)
-    assert 0 < finished < planned                   # the session's sweep has both kinds
+    assert 0 < finished <= planned
     assert f"total: {planned} trials, {finished} already finished" in out, out
     assert "tiny-gqa" in out
 

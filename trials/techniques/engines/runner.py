@@ -65,12 +65,13 @@ def _llama_cpp_trial(config: TrialConfig, tokenizer_source: loading.LoadedModel)
         "llama_prompt_eval_ms": statistics.median(r.llama_perf["prompt_eval_ms"] for r in records),
         "llama_eval_ms": statistics.median(r.llama_perf["eval_ms"] for r in records),
         "llama_eval_tokens": statistics.median(r.llama_perf["eval_tokens"] for r in records),
-        "llama_eval_tok_per_s": statistics.median(1000 * r.llama_perf["eval_tokens"] / r.llama_perf["eval_ms"]
-                                                  for r in records if r.llama_perf["eval_ms"] > 0),
         "n_ctx": float(n_ctx),
         "kv_cache_allocated_bytes": float(n_ctx * llama_cpp.kv_bytes_per_token(loaded, stack.kv_bits)),
         "model_load_s_gguf": loaded.load_s,
     }
+    rates = [1000 * r.llama_perf["eval_tokens"] / r.llama_perf["eval_ms"] for r in records if r.llama_perf["eval_ms"] > 0]
+    if rates:                                  # llama.cpp's own decode rate, beside ours
+        metrics["llama_eval_tok_per_s"] = statistics.median(rates)
     if stack.speculation == "prompt_lookup":
         metrics["target_passes_per_token"] = sum(r.target_passes for r in records) / max(1, new - len(records))
         metrics["tokens_per_target_pass"] = 1 / metrics["target_passes_per_token"] if metrics["target_passes_per_token"] else 0.0
