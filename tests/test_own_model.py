@@ -42,7 +42,7 @@ profile: {base: quick, prompts_per_type: 1, max_new_tokens: 8, repeats: 2}
 # From each group's plan of each model, the stacks that fill its charts and cards (the first context
 # only): enough for every section to draw the model, at a test's cost.
 PICK = {"baseline": {"fp32"}, "speculative": {"fp32+lookup(k=4)"}, "kv_cache": {"bf16", "bf16+kv4-hqq"},
-        "batching": {"fp32+b2"}, "quantization": {"bf16"}, "stacks": {"bf16", "nf4"}}
+        "batching": {"fp32+b2"}, "quantization": {"bf16"}, "stacks": {"bf16"}}
 # What a hub model's trials run in a fresh process (where HF_HUB_OFFLINE and the cache are read).
 RUN_ALL = """
 import json, sys
