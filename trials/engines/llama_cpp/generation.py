@@ -69,7 +69,8 @@ def load(config: TrialConfig, tokenizer, n_ctx: int) -> LoadedGGUF:
     key = ("llama_cpp", entry, stack.precision, stack.kv_bits, stack.speculation, stack.num_draft_tokens, n_ctx)
     if key in WORKER.models:
         WORKER.models.move_to_end(key)
-        return replace(WORKER.models[key], from_cache=True, counts={"eval_calls": 0, "eval_tokens": 0})
+        # the same counts dict: the wrapped eval below counts into it (generate_batch takes differences)
+        return replace(WORKER.models[key], from_cache=True)
     for old in [k for k in WORKER.models if k[0] == "llama_cpp"]:
         del WORKER.models[old]                 # one llama.cpp context per worker
     path, card = gguf.gguf_file(entry, stack.precision)
