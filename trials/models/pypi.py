@@ -140,7 +140,17 @@ def package_version(name: str) -> str:
                           f"install it with: {INSTALL_HINT}") from None
 
 
-def _sha256(paths: list[pathlib.Path]) -> str:
+def join_chunks(chunks: list[pathlib.Path], target: pathlib.Path) -> pathlib.Path:
+    """The chunks of a GGUF written one after the other into ``target``; returns it."""
+    with target.open("wb") as out:
+        for chunk in chunks:
+            with chunk.open("rb") as f:
+                shutil.copyfileobj(f, out, 1 << 22)
+    return target
+
+
+def sha256_of(paths: list[pathlib.Path]) -> str:
+    """The sha256 of the files' bytes, one after the other (a GGUF, or its chunks in order)."""
     digest = hashlib.sha256()
     for path in paths:
         with path.open("rb") as f:
@@ -177,7 +187,7 @@ def is_current(name: str) -> bool:
         return False
     if card.get("package_version") != package_version(name):
         return False
-    return card.get("gguf_sha256") == _sha256(gguf_chunks(name))
+    return card.get("gguf_sha256") == sha256_of(gguf_chunks(name))
 
 
 class _Ticker:
@@ -233,13 +243,9 @@ def convert(name: str) -> dict:
             gguf_path = chunks[0]
         else:
             ticker.phase = f"joining {len(chunks)} GGUF chunks"
-            gguf_path = tmp / spec.gguf_name
-            with gguf_path.open("wb") as out:
-                for chunk in chunks:
-                    with chunk.open("rb") as f:
-                        shutil.copyfileobj(f, out, 1 << 22)
+            gguf_path = join_chunks(chunks, tmp / spec.gguf_name)
         ticker.phase = "hashing the GGUF"
-        sha256 = _sha256([gguf_path])
+        sha256 = sha256_of([gguf_path])
         quant = _gguf_quant_type(gguf_path)
         if quant != spec.quant_type:
             log.warning("%s: the GGUF header says %s, the registry expects %s; the card records %s",

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from trials.errors import ConfigError
+from trials.models.registry import perplexity_method
 
 
 @dataclass(frozen=True)
@@ -130,3 +131,17 @@ def only_weights_and_batch(name: str) -> Callable:
                     f"quantization, speculation or compiled decoding), got stack {stack.label}")
         return None
     return guard
+
+
+MIN_EVAL_WINDOWS = 4      # perplexity windows a shrunk trial keeps at least
+
+
+def shrink_eval_windows(config, workload, prompts_divisor: int):
+    """A technique's ``shrink`` that scores perplexity: fewer windows as prompts are divided, down to
+    ``MIN_EVAL_WINDOWS`` (or the method's own count, where smaller)."""
+    from dataclasses import replace
+
+    if prompts_divisor <= 1:
+        return workload
+    default = perplexity_method(config.entry(), config.workload.eval_windows).windows
+    return replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_divisor))

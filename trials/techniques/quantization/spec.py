@@ -1,13 +1,10 @@
 """The quantization group's declaration: fp32/bf16/int8/nf4/GPTQ weights, with perplexity."""
 
-from dataclasses import replace
-
 from trials.models.registry import perplexity_method, reference_precision
 from trials.config import Stack
-from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, only_weights_and_batch
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, only_weights_and_batch, shrink_eval_windows
 
 NAME = "quantization"
-MIN_EVAL_WINDOWS = 4      # perplexity windows a shrunk trial keeps at least
 
 
 def cost(config, estimate) -> float:
@@ -21,14 +18,6 @@ def cost(config, estimate) -> float:
                  + ppl_tokens * ref.prefill_token_s)
     return (estimate.once((NAME, config.model, w, s.batch_size), reference)
             + estimate.plain + ppl_tokens * estimate.cost.prefill_token_s)
-
-
-def shrink(config, workload, prompts_divisor: int):
-    """Fewer perplexity windows, as prompts are divided."""
-    if prompts_divisor <= 1:
-        return workload
-    default = perplexity_method(config.entry(), config.workload.eval_windows).windows
-    return replace(workload, eval_windows=max(min(default, MIN_EVAL_WINDOWS), default // prompts_divisor))
 
 
 def device_checks(setup) -> list[DeviceCheck]:
@@ -49,6 +38,6 @@ SPEC = Technique(
               "and workload (tag reference_source)",
     profile_keys={"precisions": ProfileKey("precision", many=True),
                   "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True)},
-    cost=cost, calibrates_reference=True, shrink=shrink,
+    cost=cost, calibrates_reference=True, shrink=shrink_eval_windows,
     device_checks=device_checks,
 )
