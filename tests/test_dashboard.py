@@ -29,7 +29,6 @@ from conftest import QUICK_SWEEP_GROUPS  # noqa: E402
 import ui  # noqa: E402
 from ui import APP, RENDER_TIMEOUT_S, needs_browser, serve  # noqa: E402
 from ui import figure as _figure, text as _text  # noqa: E402
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -119,11 +118,8 @@ def test_baseline_chart_plots_the_store_reloads_follows_new_runs_and_opens_them(
             lambda d: _same(_plotted_bars(_figure(d, "baseline-throughput")), expected, strict=False))
 
         browser.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
-        bar = browser.find_element(By.CSS_SELECTOR, "#baseline-throughput .barlayer .point path")
-        # The pointer still rests where the hover check left it, and a redrawn bar may be under it
-        # already: with no mousemove Plotly has no hovered point to click. So it moves a pixel first.
-        ActionChains(browser).move_to_element(bar).move_by_offset(1, 1).click().perform()
-        opened = WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+        opened = ui.click_until(
+            browser, lambda d: d.find_element(By.CSS_SELECTOR, "#baseline-throughput .barlayer .point path"),
             lambda d: d.execute_script("return window.__opened.length ? window.__opened : null"))
     prefix = f"http://127.0.0.1:5000/#/experiments/{tracking.experiment_id(baseline_store, 'baseline')}/runs/"
     assert len(opened) == 1 and opened[0].startswith(prefix), opened

@@ -26,8 +26,7 @@ import tracking
 from trials.config import TrialConfig
 from trials.loop import TrialResult
 
-from ui import RENDER_TIMEOUT_S, figure, select_model, serve, table, text  # noqa: E402
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from ui import RENDER_TIMEOUT_S, click_until, figure, select_model, serve, table, text  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -132,15 +131,11 @@ def _click_first_point(driver, graph_id: str, shift: bool = False) -> str:
     from dashboard.sections.common import PROVENANCE_HOVER
 
     driver.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
-    point = driver.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER)
-    assert point is not None, f"{graph_id}: no point carries its run"
-    # A pointer already resting on this spot sends no mousemove, and Plotly clicks only a point it
-    # has seen hovered: so the pointer arrives, then moves one pixel, as a hand would.
-    actions = ActionChains(driver).move_to_element(point).move_by_offset(1, 1)
-    actions = actions.key_down(Keys.SHIFT).click().key_up(Keys.SHIFT) if shift else actions.click()
-    actions.perform()
-    return WebDriverWait(driver, RENDER_TIMEOUT_S).until(
-        lambda d: d.execute_script("return window.__opened.length ? window.__opened[0] : null"))
+    assert driver.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER) is not None, \
+        f"{graph_id}: no point carries its run"
+    return click_until(
+        driver, lambda d: d.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER),
+        lambda d: d.execute_script("return window.__opened.length ? window.__opened[0] : null"), shift=shift)
 
 
 def test_every_chart_of_every_group(every_group, browser, tmp_path):

@@ -24,6 +24,7 @@ webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,3 +179,25 @@ def hover_until(driver, selector: str, read, timeout: float = RENDER_TIMEOUT_S):
 
     return WebDriverWait(driver, timeout, poll_frequency=1.0).until(hovered)
 
+
+
+def click_until(driver, find, opened, shift: bool = False, timeout: float = RENDER_TIMEOUT_S):
+    """Click the element ``find(driver)`` returns until ``opened(driver)`` returns something.
+    Plotly clicks only a point it has seen hovered, and a busy machine may redraw the chart between
+    the pointer's arrival and the click (the new point was never hovered, and the click is lost): so
+    each poll that still finds nothing opened finds the element again, moves onto it a pixel to and
+    fro, and clicks again."""
+    moves = iter(range(10**6))
+
+    def clicked(d):
+        found = opened(d)
+        if found:
+            return found
+        step = next(moves)
+        with contextlib.suppress(Exception):      # the element may be redrawn between find and click
+            actions = ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 1)
+            actions = actions.key_down(Keys.SHIFT).click().key_up(Keys.SHIFT) if shift else actions.click()
+            actions.perform()
+        return None
+
+    return WebDriverWait(driver, timeout, poll_frequency=1.0).until(clicked)
