@@ -1,6 +1,6 @@
-"""Static batching end to end: the runner on real tiny models, the memory boundary through the real
-sweep CLI into a real sqlite store, and the three charts as the app builds them (tests/page.py;
-Chromium draws them in tests/test_every_chart.py).
+"""Static batching end to end: the runner on real tiny models and the three charts as the app builds
+them (tests/page.py; Chromium draws them in tests/test_every_chart.py). The memory boundary's sweep
+runs on the 2-node cluster (tests/test_cluster_sweep.py).
 
 Greedy outputs of every batched row must equal the same prompt decoded alone (fp32 on CPU); the KV
 cache must grow with the batch exactly as the architecture's formula says; a trial over the memory
@@ -131,58 +131,6 @@ def test_budget_smaller_than_the_model_is_an_oom_failed_run(tiny_zoo):
     assert result.metrics["memory_budget_bytes"] == weights // 2
     assert result.metrics["predicted_peak_memory_bytes"] > weights
     assert "tok_per_s" not in result.metrics
-
-
-@pytest.fixture(scope="module")
-def boundary_sweep(quick_sweep, tmp_path_factory):
-    """The batching group's quick ladder over both tiny models as a real sweep, under a memory budget
-    between tiny-gqa's batch-2 and batch-4 predicted peaks (the session's calibration cache: no new
-    calibration): (sweep, budget)."""
-    from conftest import QuickSweep, between_batch_2_and_4, run_sweep
-
-    folder = tmp_path_factory.mktemp("boundary-sweep")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    budget = between_batch_2_and_4("tiny-gqa")
-    args = ("--groups", "batching", "--models", "tiny-gqa,tiny-mha", "--workers", "2", "--budget", "10s",
-            "--memory-budget", str(budget), "--tracking-uri", uri)
-    done = run_sweep(*args, env=quick_sweep.env)
-    sweep = QuickSweep(uri, args, quick_sweep.env, done, folder)
-    assert done.returncode == 0, sweep.log()
-    return sweep, budget
-
-
-def test_sweep_records_the_memory_boundary_and_goes_on(boundary_sweep):
-    """A sweep of the quick ladder under a memory budget between tiny-gqa's batch-2 and batch-4
-    predicted peaks: what fits finishes (a prefix of the ladder), the rest are oom FAILED runs
-    holding their prediction, and the sweep went on to the next model."""
-    from sweeps.spaces import PROFILES
-
-    sweep, budget = boundary_sweep
-    ladder = PROFILES["quick"].settings("batching")["batch_sizes"]
-    frame = tracking.runs_frame(sweep.uri, "batching", status=None)
-    assert sweep.counts("batching") == ((frame["status"] == "FINISHED").sum(),
-                                        (frame["status"] == "FAILED").sum(), 0)
-    for model, part in frame.groupby("model"):
-        part = part.set_index("batch_size").sort_index()
-        assert list(part.index) == list(ladder)
-        assert (part["memory_budget_bytes"] == budget).all()
-        fits = part["status"] == "FINISHED"
-        assert fits.iloc[0] and not fits.iloc[-1] and fits.is_monotonic_decreasing, (model, part["status"])
-        for _, row in part[fits].iterrows():
-            assert row["outputs_match_batch1"] == 1 and row["peak_memory_bytes"] <= budget
-            assert row["predicted_peak_memory_bytes"] <= budget
-        for _, row in part[~fits].iterrows():
-            # refused by its prediction, or (tiny models: the process's resident-set rise is a few MiB
-            # of allocator noise, as large as batch 2's whole prediction) by its measured peak
-            # (then the worker runs no larger batch of that model: "oom: not run, batch 2 ...")
-            if row["tags.error"].startswith("oom: predicted peak"):
-                assert row["predicted_peak_memory_bytes"] > budget
-            else:
-                assert row["tags.error"].startswith(("oom: measured peak", "oom: not run")), row["tags.error"]
-    tiny_gqa = frame[frame["model"] == "tiny-gqa"].set_index("batch_size")
-    finished = sorted(tiny_gqa[tiny_gqa["status"] == "FINISHED"].index)
-    assert finished in ([1, 2], [1])                  # where the budget was put (batch 2: noise may tip it)
-    assert (tiny_gqa.loc[[4, 8, 16, 32], "predicted_peak_memory_bytes"].dropna() > budget).all()
 
 
 def test_bad_memory_budget_for_one_trial_is_one_line_and_exit_2(capsys):
