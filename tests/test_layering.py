@@ -197,7 +197,8 @@ from trials.run import run_trial
 
 uri, out = sys.argv[1], sys.argv[2]
 tracking.prepare_store(uri)
-[config] = groups.get("toy").plan(["tiny-gqa"], PROFILES["quick"], "cpu")
+profile = PROFILES["quick"].overridden({"prompts_per_type": 1, "max_new_tokens": 8}, "a test's")
+[config] = groups.get("toy").plan(["tiny-gqa"], profile, "cpu")
 result = run_trial(config)
 assert result.status == "FINISHED", result.error
 tracking.log_trial(uri, result)
