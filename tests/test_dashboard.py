@@ -50,7 +50,7 @@ def _plotted_bars(figure: dict) -> dict[tuple[str, str], tuple[float, str]]:
 
 
 def _assert_hover_says_where_the_number_came_from(driver, uri: str) -> None:
-    text = ui.hover_until(driver, "#baseline-throughput .barlayer .point path", lambda d: d.execute_script(
+    text = ui.hover_until(driver, ui.tallest("#baseline-throughput .barlayer .point path"), lambda d: d.execute_script(
         "const h = document.querySelector('#baseline-throughput .hoverlayer .hovertext');"
         "return h && h.textContent"))
     frame = tracking.runs_frame(uri, "baseline")
@@ -119,7 +119,7 @@ def test_baseline_chart_plots_the_store_reloads_follows_new_runs_and_opens_them(
 
         browser.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
         opened = ui.click_until(
-            browser, lambda d: d.find_element(By.CSS_SELECTOR, "#baseline-throughput .barlayer .point path"),
+            browser, ui.tallest("#baseline-throughput .barlayer .point path"),
             lambda d: d.execute_script("return window.__opened.length ? window.__opened : null"))
     prefix = f"http://127.0.0.1:5000/#/experiments/{tracking.experiment_id(baseline_store, 'baseline')}/runs/"
     assert len(opened) == 1 and opened[0].startswith(prefix), opened

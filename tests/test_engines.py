@@ -1,6 +1,7 @@
 """The llama.cpp engine beside transformers (the engines group) on SmolLM2, the real model that
-ships as a Q4_1 GGUF: the GGUF cache, one trial per factor on llama.cpp (weights, KV cache, prompt
-lookup) against transformers on the same prompt ids, what each engine refuses, and the section.
+ships as a Q4_1 GGUF: the GGUF cache (llama.cpp's converter and quantizer), one trial per factor on
+llama.cpp (weights, KV cache, prompt lookup) against transformers on the same prompt ids, a zoo model
+through the converter, what each engine refuses, and the section.
 
 llama-cpp-python is installed by ``make setup`` (it compiles llama.cpp once; pip keeps the wheel).
 """
@@ -46,22 +47,59 @@ def runs(engines_store):
     return {row["stack"]: row for _, row in frame.iterrows()}
 
 
-def test_the_gguf_cache_builds_a_type_once_from_the_shipped_file(real_models):
+def test_the_gguf_cache_converts_once_and_quantizes_from_the_f16(real_models):
+    """SmolLM2's types: the shipped Q4_1 as it is; F16 by llama.cpp's converter from the HF folder
+    (itself converted from that Q4_1); Q8_0 by llama.cpp's quantizer from that F16; each built once."""
     from trials.engines.llama_cpp import gguf
+    from trials.models import pypi
     from trials.models.registry import get_model
 
     entry = get_model(SMOL)
     shipped, card = gguf.gguf_file(entry, "q4_1")
     assert card["origin"] == "shipped" and shipped == gguf.shipped_file(entry)
+    f16, converted = gguf.gguf_file(entry, "f16")
+    assert converted["origin"] == "convert_hf_to_gguf.py from smollm2-135m-instruct"
+    assert converted["pre_tokenizer"] == "recognized" and converted["llama_cpp_python"] == "0.3.36"
     path, built = gguf.gguf_file(entry, "q8_0")
-    assert built["origin"] == "llama_model_quantize from SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert built["source_sha256"] == real_models[SMOL]["gguf_sha256"]   # the same file the HF folder came from
+    assert built["origin"] == f"llama_model_quantize from {f16.name}"
     stamp = path.stat().st_mtime_ns
     again, _ = gguf.gguf_file(entry, "q8_0")
     assert again == path and path.stat().st_mtime_ns == stamp, "a current type is not built again"
     card_file = json.loads((gguf.gguf_dir(entry) / gguf.CARD_FILE).read_text())
+    assert card_file["hf_folder"] == str(pypi.model_path(SMOL))
     assert card_file["types"]["q8_0"]["bytes"] == path.stat().st_size
-    assert shipped.stat().st_size < path.stat().st_size                # 4.5 bits a weight vs 8.5
+    assert shipped.stat().st_size < path.stat().st_size < f16.stat().st_size   # 4.5, 8.5, 16 bits a weight
+
+
+def test_a_zoo_model_runs_on_llama_cpp_through_the_converter(tiny_zoo, tmp_path, monkeypatch, caplog):
+    """A model that ships no GGUF (the zoo's tiny-gqa; a user's own model takes the same route) is
+    converted by llama.cpp's converter (its tokenizer, trained here, is one the converter does not
+    know: the card says what was written) and decodes the fp32 reference's greedy tokens from F16.
+    Its 16-element heads do not split into ggml's 32-element cache blocks: the plan leaves the
+    quantized caches out, saying why, and a trial asking for one is refused with the same reason."""
+    from sweeps.spaces import PROFILES
+    from trials import groups
+    from trials.engines.llama_cpp import gguf
+    from trials.models.registry import get_model
+
+    monkeypatch.setenv(gguf.GGUF_DIR_ENV, str(tmp_path))
+    path, card = gguf.gguf_file(get_model("tiny-gqa"), "f16")
+    assert path.parent.parent == tmp_path and card["pre_tokenizer"] == "gpt-2 (not recognized by the converter)"
+    workload = Workload("mixed", prompts_per_type=1, max_new_tokens=8)
+    result = run_trial(TrialConfig("engines", "tiny-gqa", Stack(precision="f16", **LLAMA), workload))
+    assert result.status == "FINISHED", result.error
+    assert result.tags["gguf_origin"] == "convert_hf_to_gguf.py from tiny-gqa"
+    assert result.metrics["fidelity_token_match"] >= 0.9 and result.metrics["tokenizer_parity"] > 0
+    with caplog.at_level("INFO"):
+        planned = groups.get("engines").plan(["tiny-gqa"], PROFILES["quick"], "cpu")
+    labels = {c.stack.label for c in planned}
+    assert {"llama_cpp:f16", "llama_cpp:q8_0", "llama_cpp:q4_0", "llama_cpp:f16+lookup(k=4)"} <= labels
+    assert not any("ggml" in label for label in labels)
+    reason = "packs each head's row in 32-element blocks, and this model's heads have 16 elements"
+    assert reason in caplog.text
+    with pytest.raises(ConfigError, match=reason):
+        run_trial(TrialConfig("engines", "tiny-gqa", Stack(precision="f16", kv_bits=8, kv_backend="ggml", **LLAMA),
+                              workload))
 
 
 def test_one_trial_per_factor_on_llama_cpp_against_transformers(runs):
@@ -119,15 +157,13 @@ def test_what_an_engine_cannot_run_is_refused_with_the_reason(stack, reason):
         TrialConfig("engines", SMOL, Stack(**stack), WORKLOAD)
 
 
-def test_other_groups_run_on_transformers_only_and_the_plan_says_which_models_llama_cpp_takes(caplog):
+def test_other_groups_run_on_transformers_only(caplog):
     from sweeps.spaces import PROFILES
     from trials import groups
 
     with pytest.raises(ConfigError, match="the baseline group runs on transformers, not on llama_cpp"):
         TrialConfig("baseline", SMOL, Stack(precision="q4_1", engine="llama_cpp"), WORKLOAD)
-    with caplog.at_level("INFO"):
-        planned = groups.get("engines").plan(["zoo-gqa", SMOL], PROFILES["quick"], "cpu")
-    assert {c.model for c in planned} == {SMOL} and "zoo-gqa left out" in caplog.text
+    planned = groups.get("engines").plan([SMOL], PROFILES["quick"], "cpu")
     labels = {c.stack.label for c in planned}
     assert {"llama_cpp:q4_1", "llama_cpp:f16", "llama_cpp:q8_0", "llama_cpp:q4_0", "llama_cpp:f16+kv8-ggml",
             "llama_cpp:f16+kv4-ggml", "llama_cpp:f16+lookup(k=4)", "nf4"} <= labels

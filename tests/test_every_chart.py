@@ -110,8 +110,9 @@ def _check_chart(driver, graph_id: str, run_ids: set[str]) -> None:
         assert ids <= run_ids, f"{graph_id}: points name runs not in the store: {ids - run_ids}"
 
 
-# The first drawn point of the first trace whose hover carries the provenance (a roofline or a
-# prediction line has none): its trace's element in its subplot's layer, in plotly's drawing order.
+# A drawn point of the first trace whose hover carries the provenance (a roofline or a prediction line
+# has none): its trace's element in its subplot's layer, in plotly's drawing order; of a bar trace, the
+# tallest bar (a measured value may draw a bar 1 px tall, too short to point at).
 PROVENANCE_POINT_JS = """
 const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
 const want = gd._fullData.find(t => (t.hovertemplate || '').includes(arguments[1]) && t.visible === true
@@ -123,7 +124,14 @@ const same = gd._fullData.filter(t => t.type === want.type && t.xaxis === want.x
 const subplot = gd.querySelector('.subplot.' + want.xaxis + (want.yaxis === 'y' ? 'y' : want.yaxis));
 const traces = subplot.querySelectorAll(layer + ' .trace');
 const trace = traces[same.indexOf(want)];
-return trace && trace.querySelector(want.type === 'bar' ? '.point path' : '.point');
+if (!trace) return null;
+if (want.type !== 'bar') return trace.querySelector('.point');
+let best = null, most = -1;
+for (const el of trace.querySelectorAll('.point path')) {
+  const h = el.getBoundingClientRect().height;
+  if (h > most) { best = el; most = h; }
+}
+return best;
 """
 
 

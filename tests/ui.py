@@ -160,11 +160,30 @@ def select_model(driver, group: str, model: str) -> None:
         lambda d: model in d.find_element(By.CSS_SELECTOR, f"#{group}-model").text)
 
 
-def hover_until(driver, selector: str, read, timeout: float = RENDER_TIMEOUT_S):
-    """Rest the pointer on the element ``selector`` finds and wait until ``read(driver)`` returns
-    something. A busy machine may draw the chart, or redraw it, after the pointer arrived (Plotly then
-    saw no hover, and waiting alone would not help), so the pointer moves again, a pixel to and fro,
-    each time the condition is polled and still false."""
+TALLEST_JS = """
+let best = null, most = -1;
+for (const el of document.querySelectorAll(arguments[0])) {
+  const h = el.getBoundingClientRect().height;
+  if (h > most) { best = el; most = h; }
+}
+return best;
+"""
+
+
+def tallest(selector: str):
+    """A finder for ``hover_until``/``click_until``: the element ``selector`` matches with the largest
+    height on screen (a bar of a measured value may be 1 px tall, too short to point at)."""
+    return lambda d: d.execute_script(TALLEST_JS, selector)
+
+
+def hover_until(driver, find, read, timeout: float = RENDER_TIMEOUT_S):
+    """Rest the pointer on the element ``find(driver)`` returns (or a CSS selector's first match) and
+    wait until ``read(driver)`` returns something. A busy machine may draw the chart, or redraw it,
+    after the pointer arrived (Plotly then saw no hover, and waiting alone would not help), so the
+    pointer moves again, a pixel to and fro, each time the condition is polled and still false."""
+    if isinstance(find, str):
+        selector = find
+        find = lambda d: d.find_element(By.CSS_SELECTOR, selector)  # noqa: E731
     moves = iter(range(10**6))
 
     def hovered(d):
@@ -173,12 +192,10 @@ def hover_until(driver, selector: str, read, timeout: float = RENDER_TIMEOUT_S):
             return found
         step = next(moves)
         with contextlib.suppress(Exception):      # the element may be redrawn between find and move
-            ActionChains(d).move_to_element(d.find_element(By.CSS_SELECTOR, selector)) \
-                .move_by_offset(step % 2, 1).perform()
+            ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 0).perform()
         return None
 
     return WebDriverWait(driver, timeout, poll_frequency=1.0).until(hovered)
-
 
 
 def click_until(driver, find, opened, shift: bool = False, timeout: float = RENDER_TIMEOUT_S):
@@ -195,7 +212,7 @@ def click_until(driver, find, opened, shift: bool = False, timeout: float = REND
             return found
         step = next(moves)
         with contextlib.suppress(Exception):      # the element may be redrawn between find and click
-            actions = ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 1)
+            actions = ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 0)
             actions = actions.key_down(Keys.SHIFT).click().key_up(Keys.SHIFT) if shift else actions.click()
             actions.perform()
         return None

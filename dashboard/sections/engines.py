@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 
 from dashboard.sections.common import (MB, PROVENANCE_HOVER, TEMPLATE, WHISKERS, count_range, has, latest,
                                        provenance, spread_error_bars)
+from trials.engines import DEFAULT, ENGINES
 from trials.stats.factorial import t_quantile
 
 GROUP = "engines"
@@ -31,9 +32,7 @@ DEEP_DIVE_TITLE = "Per model: speed vs memory by engine, and each optimization's
 OVERVIEW_ID, ALL_EFFECTS_ID = "engines-overview", "engines-effects-all"
 SCATTER_ID, EFFECTS_ID = "engines-scatter", "engines-effects"
 NEEDED = ("model", "tok_per_s", "peak_memory_bytes", "engine", "precision", "stack")
-COLORS = {"transformers": "#636EFA", "llama_cpp": "#EF553B"}
-FOUR_BIT = {"transformers": ("nf4",), "llama_cpp": ("q4_0", "q4_1", "q4_k_m")}
-BASE = {"llama_cpp": "f16"}              # transformers: its 16-bit precision (bf16, else fp32)
+COLORS = {name: engine.color for name, engine in ENGINES.items()}
 EFFECTS = ("4-bit weights vs 16-bit", "8-bit KV cache vs 16", "4-bit KV cache vs 16", "prompt lookup vs none")
 
 
@@ -44,7 +43,7 @@ def _rows(frame: pd.DataFrame) -> pd.DataFrame:
         if column in rows.columns:
             rows[column] = pd.to_numeric(rows[column], errors="coerce")
     rows = rows[rows["tok_per_s"].notna() & rows["tok_per_s"].map(math.isfinite)]
-    rows["engine"] = rows["engine"].fillna("transformers").replace("", "transformers")
+    rows["engine"] = rows["engine"].fillna(DEFAULT).replace("", DEFAULT)
     return rows
 
 
@@ -58,8 +57,7 @@ def _plain(rows: pd.DataFrame) -> pd.Series:
 
 def _base(rows: pd.DataFrame, engine: str) -> pd.Series | None:
     mine = rows[(rows["engine"] == engine) & _plain(rows)]
-    wanted = [BASE[engine]] if engine in BASE else ["bf16", "fp32"]
-    for precision in wanted:
+    for precision in ENGINES[engine].sixteen_bit if engine in ENGINES else ():
         found = mine[mine["precision"] == precision]
         if len(found):
             return found.iloc[0]
@@ -93,7 +91,7 @@ def effects(rows: pd.DataFrame) -> pd.DataFrame:
         same_weights = mine["precision"] == base["precision"]
         spec = mine.get("speculation", pd.Series("none", index=mine.index)).fillna("none")
         candidates = {
-            EFFECTS[0]: mine[_plain(mine) & mine["precision"].isin(FOUR_BIT.get(engine, ()))],
+            EFFECTS[0]: mine[_plain(mine) & mine["precision"].isin(ENGINES[engine].four_bit if engine in ENGINES else ())],
             EFFECTS[1]: mine[same_weights & (mine["kv_bits"] == 8) & (spec == "none")],
             EFFECTS[2]: mine[same_weights & (mine["kv_bits"] == 4) & (spec == "none")],
             EFFECTS[3]: mine[same_weights & (mine["kv_bits"].fillna(16) == 16) & (spec == "prompt_lookup")],
@@ -212,8 +210,9 @@ def caption(frame: pd.DataFrame) -> str:
             f"{count_range(rows, 'max_new_tokens')} new tokens per prompt, the same prompt token ids on both "
             f"engines (llama.cpp is fed the transformers tokenizer's ids; tokenizer_parity says where its own "
             f"tokenizer agrees). llama.cpp: llama-cpp-python {build or '?'}, flash attention on, its KV bytes "
-            "computed from ggml block sizes. Every weight type of a real model holds its shipped 4-bit GGUF's "
-            "values (4-bit-derived). Effects: a 95 % t-interval on the log ratio of two runs.")
+            "computed from ggml block sizes; its GGUF types made by llama.cpp's converter (F16) and quantizer "
+            "from each model's HF folder, beside a real model's shipped file, whose values that folder holds "
+            "(4-bit-derived). Effects: a 95 % t-interval on the log ratio of two runs.")
 
 
 def report(frame: pd.DataFrame) -> list[str]:

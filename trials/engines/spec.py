@@ -22,6 +22,9 @@ class Engine:
     generation: str                             # its module: generate_batch(...) and facts(...)
     calibrated: bool = True                     # the budget calibrates its precisions' step costs; else
     #                                             it estimates from transformers' reference precision
+    sixteen_bit: tuple[str, ...] = ()           # its 16-bit weights, the base of its effects (the first measured)
+    four_bit: tuple[str, ...] = ()              # its 4-bit weights (a run of the shipped file preferred)
+    color: str = "#888888"                      # its colour in every chart
 
     def module(self):
         """The engine's generation module (in a worker: it imports the engine's packages on use)."""

