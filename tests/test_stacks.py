@@ -27,7 +27,7 @@ from trials.stats.factorial import FACTOR_TAG, effects, stack_factors, t_interva
 from trials.techniques.stacks.space import plan as stacks_space
 
 STACKS = PROFILES["quick"].settings("stacks", get_model("tiny-gqa"), "cpu")   # the quick profile's stacks settings
-FACTORS = ("weights", "kv", "spec", "compile")
+FACTORS = ("weights", "kv", "spec", "compile", "engine")
 SYNTHETIC = FACTORS[:3]
 TRUE = {"weights": 0.30, "kv": -0.10, "spec": 0.0, "weights x kv": 0.20, "weights x spec": 0.0,
         "kv x spec": 0.0}           # effects on log tok/s: mean(+) - mean(-)
@@ -105,12 +105,19 @@ def test_the_t_interval_is_students():
     assert all(math.isnan(v) for v in t_interval([5.0]))
 
 
-def test_the_space_is_the_design_per_target_with_stated_parts():
+def test_the_space_is_the_design_per_target_with_stated_parts(tiny_zoo):
     configs = stacks_space(["tiny-gqa", "tiny-draft"], PROFILES["quick"], "cpu")
     assert {c.model for c in configs} == {"tiny-gqa"}
     batched = [c for c in configs if c.stack.batch_size != 1]
     assert [c.stack.design_name for c in batched] == [f"b{STACKS['batch_size']}", f"nf4+kv4+b{STACKS['batch_size']}"]
     configs = [c for c in configs if c.stack.batch_size == 1]
+    # the engine factor's level 1: the design's llama.cpp half (tiny-gqa's 16-element heads do not split
+    # into ggml's cache blocks: weights x prompt lookup only), from llama.cpp's own F16 base
+    llama = [c.stack for c in configs if c.stack.engine == "llama_cpp"]
+    assert [s.design_name for s in llama] == ["llama_cpp:f16", "llama_cpp:spec", "llama_cpp:q4_0", "llama_cpp:q4_0+spec"]
+    assert all(stack_factors(s)["engine"] and not stack_factors(s)["kv"] for s in llama)
+    assert {s.num_draft_tokens for s in llama if s.speculation != "none"} == {STACKS["draft_k"]}
+    configs = [c for c in configs if c.stack.engine == "transformers"]
     cells = [stack_factors(c.stack) for c in configs]
     assert len({tuple(f.values()) for f in cells}) == len(configs) == 7       # 16 less the 9 refused
     assert not any(f["kv"] and f["spec"] or f["compile"] and (f["kv"] or f["spec"] or f["weights"]) for f in cells)
@@ -151,7 +158,7 @@ def test_a_combined_stack_is_one_trial_with_every_part_at_work(tiny_zoo):
     assert result.status == "FINISHED", result.error
     m, tags = result.metrics, result.tags
     assert tags["stack_name"] == "nf4+kv4"
-    assert [tags[f"{FACTOR_TAG}{f}"] for f in FACTORS] == ["1", "1", "0", "0"]
+    assert [tags[f"{FACTOR_TAG}{f}"] for f in FACTORS] == ["1", "1", "0", "0", "0"]
     # 4-bit weights: far fewer bytes than the base precision's
     base_bytes = loading.load("tiny-gqa", fast_precision("cpu"), "cpu").model
     assert m["weights_bytes"] < sum(p.numel() for p in base_bytes.parameters()) * 2

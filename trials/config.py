@@ -27,7 +27,14 @@ from trials.prompts import PROMPT_SETS
 
 PRECISIONS = TRANSFORMERS_PRECISIONS        # transformers' weights (llama.cpp's: trials.engines.llama_cpp.spec)
 QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")
-FOUR_BIT_WEIGHTS = ("nf4", "gptq")            # the stacks design's "weights" factor   # loaded through a transformers quantizer (trials.models.quantized_weights)
+FOUR_BIT_WEIGHTS = ("nf4", "gptq")   # transformers' 4-bit weights, through its quantizers (trials.models.quantized_weights)
+
+
+def four_bit_weights(stack) -> bool:
+    """Whether the stack's weights are 4-bit on its engine (the stacks design's ``weights`` factor)."""
+    engine = ENGINES.get(stack.engine)
+    return stack.precision in (engine.four_bit if engine else FOUR_BIT_WEIGHTS)
+
 KV_BITS = (16, 8, 4, 2)
 KV_BACKENDS = ("none", "hqq", "quanto", "ggml")   # transformers' QuantizedCache backends; llama.cpp's types
 KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2), "ggml": (8, 4)}   # of KV_BITS, what each backend packs
@@ -113,8 +120,10 @@ class Stack:
     @property
     def design_name(self) -> str:
         """The stacks design's name for it, which its charts and a sweep file's ``stacks:`` use:
-        ``fp32`` or ``bf16`` (a base), ``nf4``, ``kv4``, ``spec``, ``nf4+kv4+spec``, ``b4``, ``compile``."""
-        parts = [self.precision] if self.precision in FOUR_BIT_WEIGHTS else []
+        ``fp32`` or ``bf16`` (a base), ``nf4``, ``kv4``, ``spec``, ``nf4+kv4+spec``, ``b4``, ``compile``;
+        on another engine, its name first: ``llama_cpp:f16`` (its base), ``llama_cpp:q4_1+kv4+spec``."""
+        engine = "" if self.engine == DEFAULT_ENGINE else f"{self.engine}:"
+        parts = [self.precision] if four_bit_weights(self) else []
         if self.kv_bits != 16:
             parts.append(f"kv{self.kv_bits}")
         if self.speculation != "none":
@@ -123,7 +132,7 @@ class Stack:
             parts.append(f"b{self.batch_size}")
         if self.compile:
             parts.append("compile")
-        return "+".join(parts) or self.precision
+        return engine + ("+".join(parts) or self.precision)
 
     @property
     def label(self) -> str:

@@ -33,16 +33,19 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trials.config import FOUR_BIT_WEIGHTS
+from trials.config import four_bit_weights
+from trials.engines import DEFAULT as DEFAULT_ENGINE
 
 FACTOR_TAG = "factor."          # tags.factor.<name> = "0" | "1" on every stacks run
-FACTORS = ("weights", "kv", "spec", "compile")    # the design's factors, in the order charts list them
+FACTORS = ("weights", "kv", "spec", "compile", "engine")   # the design's factors, in the order charts list them
 
 
 def stack_factors(stack) -> dict[str, bool]:
-    """Which of the design's binary factors a stack turns on (off: the base stack's level)."""
-    return {"weights": stack.precision in FOUR_BIT_WEIGHTS, "kv": stack.kv_bits != 16,
-            "spec": stack.speculation != "none", "compile": stack.compile}
+    """Which of the design's binary factors a stack turns on (off: the base stack's level). ``engine``:
+    another engine than transformers (llama.cpp), whose own 16-bit weights are its base level."""
+    return {"weights": four_bit_weights(stack), "kv": stack.kv_bits != 16,
+            "spec": stack.speculation != "none", "compile": stack.compile,
+            "engine": stack.engine != DEFAULT_ENGINE}
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,8 @@ def cells(frame: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
     coded = frame.copy()
     if "batch_size" in coded:                   # batched stacks sit beside the design, not in it
         coded = coded[pd.to_numeric(coded["batch_size"]) == 1]
-    for name in factors:
-        coded[name] = coded[f"tags.{FACTOR_TAG}{name}"].astype(str).map({"0": -1, "1": 1})
+    for name in factors:       # a run from before a factor existed ran at its base level
+        coded[name] = coded[f"tags.{FACTOR_TAG}{name}"].fillna("0").astype(str).map({"0": -1, "1": 1})
     coded = coded.dropna(subset=factors)
     if "start_time" in coded:
         coded = coded.sort_values("start_time")

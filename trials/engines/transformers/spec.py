@@ -12,4 +12,4 @@ def guard(stack) -> str | None:
 SPEC = Engine("transformers", "transformers generate()", PRECISIONS, ("hqq", "quanto"), guard, "transformers",
               "trials.engines.transformers.generation",
               sixteen_bit=("bf16", "fp32"),      # bf16, else fp32 where bf16 is emulated (the fast precision)
-              four_bit=("nf4",), color="#636EFA")
+              four_bit=("nf4", "gptq"), color="#636EFA")

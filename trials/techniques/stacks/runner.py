@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trials.config import Runtime, Stack, TrialConfig
+from trials.engines import DEFAULT as DEFAULT_ENGINE
 from trials.engines.transformers import compiled
 from trials.engines.transformers.generation import prepare
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
@@ -92,6 +93,8 @@ def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, st
 def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """One combined stack: measured once through the loop, against the baseline and the reference."""
     stack = config.stack
+    if stack.engine != DEFAULT_ENGINE:
+        return run_on_other_engine(config, runtime)
     loaded = loading.load(config.entry(), stack.precision, config.device)
     check_model(config, loaded.model.config)       # a cache the quantized backend cannot hold: why
     prompts = trial_prompts(config, loaded)
@@ -128,10 +131,31 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     return result
 
 
+def run_on_other_engine(config: TrialConfig, runtime: Runtime) -> TrialResult:
+    """A cell of the design's engine level (llama.cpp): measured as the engines group measures it (the
+    same loop, fed the transformers tokenizer's ids, fidelity and KL against the reference precision),
+    then compared with the design's base stack on transformers, as every other cell is."""
+    from trials.techniques.engines.runner import run_engine_trial
+
+    result = run_engine_trial(config, runtime)
+    tokenizer_source = loading.load(config.entry(), reference_precision(config.entry(), config.device), config.device)
+    prompts = trial_prompts(config, tokenizer_source)
+    base, result.tags["baseline_source"] = baseline(config, prompts, None)
+    m = result.metrics
+    m["lossless_vs_baseline"] = compare_outputs({o["prompt_id"]: o["token_ids"] for o in result.raw["outputs"]}, base.outputs)["lossless"]
+    m["baseline_tok_per_s"] = base.tok_per_s
+    m["speedup_vs_baseline"] = m["tok_per_s"] / base.tok_per_s
+    m["memory_vs_baseline"] = m["peak_memory_bytes"] / base.peak_memory_bytes
+    result.tags.update({"stack_name": config.stack.design_name, "parts": describe(config),
+                        **({"proposer": "prompt lookup"} if config.stack.speculation != "none" else {}),
+                        **{f"{FACTOR_TAG}{name}": str(int(on)) for name, on in stack_factors(config.stack).items()}})
+    return result
+
+
 def describe(config: TrialConfig) -> str:
     """The stack's parts in words, for the hover and the best-stack card."""
     s = config.stack
-    parts = [f"{s.precision} weights"]
+    parts = [f"{s.precision} weights"] if s.engine == DEFAULT_ENGINE else [f"{s.engine}: {s.precision} GGUF weights"]
     parts.append("full KV cache" if s.kv_bits == 16 else f"{s.kv_bits}-bit KV cache ({s.kv_backend})")
     if s.speculation == "draft":
         parts.append(f"draft {s.draft_model}, k={s.num_draft_tokens}")
