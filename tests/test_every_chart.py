@@ -141,9 +141,24 @@ def _click_first_point(driver, graph_id: str, shift: bool = False) -> str:
     driver.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
     assert driver.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER) is not None, \
         f"{graph_id}: no point carries its run"
-    return click_until(
-        driver, lambda d: d.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER),
-        lambda d: d.execute_script("return window.__opened.length ? window.__opened[0] : null"), shift=shift)
+    from selenium.common.exceptions import TimeoutException
+
+    try:
+        return click_until(
+            driver, lambda d: d.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER),
+            lambda d: d.execute_script("return window.__opened.length ? window.__opened[0] : null"), shift=shift)
+    except TimeoutException:
+        point = driver.execute_script(POINT_STATE_JS, driver.execute_script(PROVENANCE_POINT_JS, graph_id,
+                                                                           PROVENANCE_HOVER))
+        pytest.fail(f"{graph_id}: a click on its point opened nothing in {RENDER_TIMEOUT_S} s; the point: {point}")
+
+
+POINT_STATE_JS = """
+const el = arguments[0]; if (!el) return null;
+const r = el.getBoundingClientRect();
+const top = document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2);
+return {rect: [r.x, r.y, r.width, r.height], on_top: top ? top.tagName + '.' + (top.getAttribute('class') || '') : null};
+"""
 
 
 def test_every_chart_of_every_group(every_group, browser, tmp_path):
