@@ -184,18 +184,7 @@ def hover_until(driver, find, read, timeout: float = RENDER_TIMEOUT_S):
     if isinstance(find, str):
         selector = find
         find = lambda d: d.find_element(By.CSS_SELECTOR, selector)  # noqa: E731
-    moves = iter(range(10**6))
-
-    def hovered(d):
-        found = read(d)
-        if found:
-            return found
-        step = next(moves)
-        with contextlib.suppress(Exception):      # the element may be redrawn between find and move
-            ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 0).perform()
-        return None
-
-    return WebDriverWait(driver, timeout, poll_frequency=1.0).until(hovered)
+    return _point_until(driver, find, read, lambda actions: actions, timeout)
 
 
 def click_until(driver, find, opened, shift: bool = False, timeout: float = RENDER_TIMEOUT_S):
@@ -204,17 +193,24 @@ def click_until(driver, find, opened, shift: bool = False, timeout: float = REND
     the pointer's arrival and the click (the new point was never hovered, and the click is lost): so
     each poll that still finds nothing opened finds the element again, moves onto it a pixel to and
     fro, and clicks again."""
+    def click(actions):
+        return actions.key_down(Keys.SHIFT).click().key_up(Keys.SHIFT) if shift else actions.click()
+
+    return _point_until(driver, find, opened, click, timeout)
+
+
+def _point_until(driver, find, done, then, timeout: float):
+    """Poll ``done(driver)`` each second; while it returns nothing, move the pointer onto ``find(driver)``
+    (a pixel to and fro) and perform ``then`` (ActionChains -> ActionChains) there."""
     moves = iter(range(10**6))
 
-    def clicked(d):
-        found = opened(d)
+    def pointed(d):
+        found = done(d)
         if found:
             return found
         step = next(moves)
-        with contextlib.suppress(Exception):      # the element may be redrawn between find and click
-            actions = ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 0)
-            actions = actions.key_down(Keys.SHIFT).click().key_up(Keys.SHIFT) if shift else actions.click()
-            actions.perform()
+        with contextlib.suppress(Exception):      # the element may be redrawn between find and move
+            then(ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 0)).perform()
         return None
 
-    return WebDriverWait(driver, timeout, poll_frequency=1.0).until(clicked)
+    return WebDriverWait(driver, timeout, poll_frequency=1.0).until(pointed)
