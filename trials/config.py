@@ -27,13 +27,12 @@ from trials.prompts import PROMPT_SETS
 
 PRECISIONS = TRANSFORMERS_PRECISIONS        # transformers' weights (llama.cpp's: trials.engines.llama_cpp.spec)
 QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")
-FOUR_BIT_WEIGHTS = ("nf4", "gptq")   # transformers' 4-bit weights, through its quantizers (trials.models.quantized_weights)
+FOUR_BIT_WEIGHTS = ENGINES[DEFAULT_ENGINE].four_bit   # transformers' (its quantizers: trials.models.quantized_weights)
 
 
 def four_bit_weights(stack) -> bool:
     """Whether the stack's weights are 4-bit on its engine (the stacks design's ``weights`` factor)."""
-    engine = ENGINES.get(stack.engine)
-    return stack.precision in (engine.four_bit if engine else FOUR_BIT_WEIGHTS)
+    return stack.precision in ENGINES[stack.engine].four_bit
 
 KV_BITS = (16, 8, 4, 2)
 KV_BACKENDS = ("none", "hqq", "quanto", "ggml")   # transformers' QuantizedCache backends; llama.cpp's types

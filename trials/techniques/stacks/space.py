@@ -18,6 +18,7 @@ and the best-stack card chooses among both.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 
@@ -55,6 +56,7 @@ def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_I
     from trials.measurement.hardware import fast_precision  # torch: only when the group is planned
 
     base = fast_precision(device)
+    llama_cpp_installed = device == "cpu" and importlib.util.find_spec("llama_cpp") is not None
     configs = []
     for entry in planning.targets(models, catalogue):
         model = entry.name
@@ -92,42 +94,31 @@ def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_I
                       Stack(precision="nf4", batch_size=settings["batch_size"], **kv4)):
             configs.append(planning.config(catalogue, NAME, entry, extra, device=device,
                                            workload=workload, repeats=repeats))
-        configs += [planning.config(catalogue, NAME, entry, stack, device=device, workload=workload,
-                                    repeats=repeats) for stack in llama_cpp_cells(entry, settings, device)]
+        if llama_cpp_installed:
+            configs += [planning.config(catalogue, NAME, entry, stack, device=device, workload=workload,
+                                        repeats=repeats) for stack in llama_cpp_cells(entry, settings)]
+    if device == "cpu" and not llama_cpp_installed and configs:
+        log.warning("stacks: the llama.cpp half of the design not planned: pip install -e '.[llama]' "
+                    "(make setup installs it)")
     return configs
 
 
-def llama_cpp_cells(entry, settings: dict, device: str) -> list[Stack]:
+def llama_cpp_cells(entry, settings: dict) -> list[Stack]:
     """The engine factor's level 1: the same design on llama.cpp (CPU), from its own base (F16), over
-    the factors it takes: 4-bit weights (the type a real model ships in, else Q4_0), its 4-bit cache
-    (q4_0 K and V, where the model's heads split into ggml's blocks) and prompt lookup (its only
-    proposer). Left out, saying why, where llama-cpp-python is not installed or the device is not a CPU."""
-    import importlib.util
-
+    the factors it takes: 4-bit weights (the type a real model ships in, else the engine's first 4-bit
+    type, Q4_0), its 4-bit cache (q4_0 K and V, where the model's heads split into ggml's blocks) and
+    prompt lookup (its only proposer)."""
+    from trials.engines import ENGINES
     from trials.engines.llama_cpp.spec import NAME as LLAMA_CPP, cache_refusal
     from trials.models import pypi
     from trials.models.registry import model_config
 
-    if device != "cpu":
-        return []
-    if importlib.util.find_spec("llama_cpp") is None:
-        _say_once("stacks: the llama.cpp half of the design not planned: pip install -e '.[llama]' "
-                  "(make setup installs it)")
-        return []
-    four = pypi.MODELS[entry.location].quant_type.lower() if entry.source == "pypi" else "q4_0"
+    engine = ENGINES[LLAMA_CPP]
+    four = pypi.MODELS[entry.location].quant_type.lower() if entry.source == "pypi" else engine.four_bit[0]
     caches = [16] + ([4] if (refused := cache_refusal(entry.name, model_config(entry), 4)) is None else [])
     if refused:
         log.info("stacks: %s: llama.cpp's 4-bit cache left out: %s", entry.name, refused)
     lookup = dict(speculation="prompt_lookup", num_draft_tokens=settings["draft_k"])
-    return [Stack(engine=LLAMA_CPP, precision=weights, kv_bits=bits, kv_backend="ggml" if bits != 16 else "none",
-                  **(lookup if speculation else {}))
-            for weights in ("f16", four) for bits in caches for speculation in (False, True)]
-
-
-_SAID: set[str] = set()
-
-
-def _say_once(message: str) -> None:
-    if message not in _SAID:
-        _SAID.add(message)
-        log.warning(message)
+    return [Stack(engine=LLAMA_CPP, precision=weights, kv_bits=bits,
+                  kv_backend=engine.kv_backends[0] if bits != 16 else "none", **(lookup if speculation else {}))
+            for weights in (engine.sixteen_bit[0], four) for bits in caches for speculation in (False, True)]
