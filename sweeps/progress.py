@@ -14,9 +14,10 @@ HEARTBEAT_S = 30.0
 
 
 class ProgressPrinter(Callback):
-    def __init__(self, total: int, estimate_s: float | None = None) -> None:
+    def __init__(self, total: int, estimate_s: float | None = None, first_run_hint: str = "") -> None:
         self.total = total
         self.estimate_s = estimate_s          # the budget's estimate of the whole sweep, if any
+        self.first_run_hint = first_run_hint  # said once, when the store has its first finished run
         self.done = 0
         self.started = self.last_line = time.perf_counter()
         self.running: dict[str, float] = {}   # trial name -> start time
@@ -42,6 +43,9 @@ class ProgressPrinter(Callback):
         detail = (f"{result['tok_per_s']:.1f} tok/s" if status == "FINISHED" and "tok_per_s" in result
                   else result.get("error", ""))
         self._print(f"{self.done}/{self.total} {status:<8} {self._name(trial)}: {detail}")
+        if status == "FINISHED" and self.first_run_hint:
+            self._print(self.first_run_hint)
+            self.first_run_hint = ""
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self.done += 1

@@ -55,7 +55,8 @@ def run_in_worker(params: dict) -> None:
         tracking.log_trial(params["tracking_uri"], died, sweep_id=params["sweep_id"])
     runtime = Runtime(num_threads=granted_cpus(), git_sha=params["git_sha"],
                       sweep_id=params["sweep_id"],
-                      memory_budget_bytes=params.get("memory_budget_bytes"))
+                      memory_budget_bytes=params.get("memory_budget_bytes"),
+                      price_per_hour_usd=params.get("price_per_hour_usd"))
     try:
         result = run_trial(config, runtime)
     except Exception as exc:  # recorded as a FAILED run; the sweep goes on

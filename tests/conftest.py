@@ -116,6 +116,9 @@ def between_batch_2_and_4(model: str) -> int:
     return budget
 
 
+SESSION_PRICE_PER_HOUR = 1.5     # US dollars per hour: every session run logs its $/1M output tokens
+
+
 @pytest.fixture(scope="session")
 def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
     """``sweeps/full.py`` once for the session, from a sweep file: the baseline, speculative, batching
@@ -136,7 +139,7 @@ def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
     sweep_file.write_text(f"models: [{', '.join(QUICK_SWEEP_MODELS)}]\n"
                           f"groups: [{', '.join(QUICK_SWEEP_GROUPS)}]\nprofile: quick\n")
     args = ("--sweep", str(sweep_file), "--workers", "2", "--budget", "10s",
-            "--tracking-uri", uri)
+            "--tracking-uri", uri, "--price-per-hour", str(SESSION_PRICE_PER_HOUR))
     done = run_sweep(*args, env=env)
     sweep = QuickSweep(uri, args, env, done, folder)
     assert done.returncode == 0, sweep.log()

@@ -140,6 +140,12 @@ def _undo_immutable():
         subprocess.run(["chattr", "-i", str(path)], capture_output=True)
 
 
+def _recommend(uri: str, *argv):
+    from dashboard.recommend import main
+
+    return main, ["--tracking-uri", uri, *argv]
+
+
 def _trial(**changes):
     from trials.run import main
 
@@ -148,6 +154,35 @@ def _trial(**changes):
 
 SECRET = "s3cr3t-pa55"
 SECRET_URI = f"http://alice:{SECRET}@127.0.0.1:9"
+LLAMA = '{"model_type": "llama"}'
+
+
+def _dashboard(uri: str, *argv):
+    from dashboard.app import main
+
+    return main, ["--tracking-uri", uri, *argv]
+
+
+# What mlflow 3.18.0 wrote into a copy of a 3.17.2 store it opened once (it migrates in place; seen
+# 2026-12-05): a revision the pinned mlflow does not know, which it then refused with a traceback advising
+# `mlflow db upgrade`. OLDER_REVISION: the one before the pinned mlflow's newest (dc11669786a5).
+NEWER_REVISION = "f4a9b2c7d1e6"
+OLDER_REVISION = "75868b020152"
+NEWER_STORE = "was migrated by a newer MLflow"
+
+
+def _store_at(tmp, uri: str, revision: str) -> str:
+    """A copy of the store ``uri`` whose schema says ``revision`` (what a migration leaves there)."""
+    import shutil
+    import sqlite3
+    from contextlib import closing
+
+    path = tmp / f"store-{revision}.db"
+    shutil.copyfile(uri[len("sqlite:///"):], path)
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+        db.commit()
+    return f"sqlite:///{path}"
 
 
 # (kind, command factory taking (store uri, tmp_path), text the line must contain)
@@ -280,11 +315,111 @@ CASES = [
     ("trial: an engine that does not exist", lambda uri, tmp: _trial(stack={"engine": "vllm"}), "unknown engine 'vllm'"),
     ("trial: a GGUF type on transformers", lambda uri, tmp: _trial(stack={"precision": "q4_0"}),
      "unknown precision 'q4_0' for the transformers engine"),
+    # a model folder that would load nothing
+    ("model folder without weights",
+     lambda uri, tmp: _sweep("--models", _folder(tmp, "weightless-model", LLAMA), "--tracking-uri", uri),
+     "has no weights (looked for *.safetensors, *.bin, *.gguf)"),
+    ("sweep file: model folder without weights",
+     lambda uri, tmp: _sweep_file(tmp, uri, "models:\n" + MODEL.format(path=_folder(tmp, "weightless", LLAMA))),
+     "my-sweep.yaml:3:11: models[0].path: model folder"),
+    # generation the model's positions cannot hold (the built zoo: NEEDS_ZOO)
+    ("trial: generation longer than the model's positions",
+     lambda uri, tmp: _trial(workload={"max_new_tokens": 5000}),
+     "max_new_tokens 5000 plus a prompt is longer than tiny-gqa's 4096 positions"),
+    ("sweep file: new tokens beyond the model's positions",
+     lambda uri, tmp: _sweep_file(tmp, uri, "models: [tiny-gqa]\ngroups: [baseline]\n"
+                                            "profile: {base: quick, baseline: {max_new_tokens: 5000}}\n"),
+     "max_new_tokens 5000 plus a prompt is longer than tiny-gqa's 4096 positions"),
+    # the dashboard's server flags: a port, a refresh period, and a URL the page links to
+    ("dashboard: port out of range", lambda uri, tmp: _dashboard(uri, "--port", "70000"),
+     "argument --port: 70000 is not a port; use 1 to 65535"),
+    ("dashboard: negative port", lambda uri, tmp: _dashboard(uri, "--port", "-1"), "-1 is not a port"),
+    ("dashboard: port 0 (the page would announce a port it does not listen on)",
+     lambda uri, tmp: _dashboard(uri, "--port", "0"), "0 is not a port"),
+    ("dashboard: negative refresh period", lambda uri, tmp: _dashboard(uri, "--refresh-s", "-5"),
+     "argument --refresh-s: '-5' is not a refresh period; use 0 (only the Reload button) or 1 to 86400 seconds"),
+    ("dashboard: refresh period that is not a number", lambda uri, tmp: _dashboard(uri, "--refresh-s", "nan"),
+     "'nan' is not a refresh period"),
+    ("dashboard: absurd refresh period", lambda uri, tmp: _dashboard(uri, "--refresh-s", "1e9"),
+     "'1e9' is not a refresh period"),
+    ("dashboard: a javascript: MLflow UI URL", lambda uri, tmp: _dashboard(uri, "--mlflow-ui", "javascript:alert(1)"),
+     "argument --mlflow-ui: 'javascript:alert(1)' is not an http:// or https:// URL"),
+    ("dashboard: a file: MLflow UI URL", lambda uri, tmp: _dashboard(uri, "--mlflow-ui", "file:///etc/passwd"),
+     "'file:///etc/passwd' is not an http:// or https:// URL"),
+    ("dashboard: a data: MLflow UI URL",
+     lambda uri, tmp: _dashboard(uri, "--mlflow-ui", "data:text/html,<script>alert(1)</script>"),
+     "is not an http:// or https:// URL"),
+    # numbers that must be positive
+    ("trial: batch_size 0", lambda uri, tmp: _trial(stack={"batch_size": 0}),
+     "batch_size must be an integer >= 1, got 0"),
+    ("trial: negative batch_size", lambda uri, tmp: _trial(stack={"batch_size": -4}),
+     "batch_size must be an integer >= 1, got -4"),
+    ("trial: batch_size true", lambda uri, tmp: _trial(stack={"batch_size": True}),
+     "batch_size must be an integer >= 1, got True"),
+    ("trial: negative context_tokens", lambda uri, tmp: _trial(workload={"context_tokens": -1}),
+     "context_tokens must be an integer >= 0, got -1"),
+    ("trial: max_new_tokens 0", lambda uri, tmp: _trial(workload={"max_new_tokens": 0}),
+     "max_new_tokens must be an integer >= 2, got 0"),
+    ("trial: prompts_per_type 0", lambda uri, tmp: _trial(workload={"prompts_per_type": 0}),
+     "prompts_per_type must be an integer >= 1, got 0"),
+    ("trial: zero threads", lambda uri, tmp: (_trial()[0], ["--model", "tiny-gqa", "--threads", "0"]),
+     "argument --threads: '0' must be >= 1"),
+    ("sweep: negative budget", lambda uri, tmp: _sweep("--budget=-5m", "--tracking-uri", uri),
+     "argument --budget: budget '-5m' must be positive (or 'none')"),
+    ("sweep: budget NaN", lambda uri, tmp: _sweep("--budget", "nan", "--tracking-uri", uri),
+     "argument --budget: budget 'nan' is not a duration"),
+    ("sweep: memory budget 0", lambda uri, tmp: _sweep("--memory-budget", "0", "--tracking-uri", uri),
+     "argument --memory-budget: memory budget '0' must be at least 1 byte"),
+    ("sweep: zero CPUs per trial", lambda uri, tmp: _sweep("--cpus-per-trial", "0", "--tracking-uri", uri),
+     "argument --cpus-per-trial: '0' must be >= 1"),
+    ("sweep file: batch size 0",
+     lambda uri, tmp: _sweep_file(tmp, uri, "profile: {base: quick, batching: {batch_sizes: [0, 2]}}\n"),
+     "profile.batching.batch_sizes[0]: 0 is out of range"),
+    ("sweep file: zero prompts per type", lambda uri, tmp: _sweep_file(tmp, uri, "profile: {base: quick, prompts_per_type: 0}\n"),
+     "profile.prompts_per_type: 0 is out of range"),
+    # a store whose schema this mlflow does not write: refused before MLflow opens it (and left as it was)
+    ("sweep: a store a newer MLflow migrated",
+     lambda uri, tmp: _sweep("--dry-run", "--tracking-uri", _store_at(tmp, uri, NEWER_REVISION)), NEWER_STORE),
+    ("dashboard: a store a newer MLflow migrated",
+     lambda uri, tmp: _dashboard(_store_at(tmp, uri, NEWER_REVISION)), NEWER_STORE),
+    ("export: a store a newer MLflow migrated",
+     lambda uri, tmp: (__import__("dashboard.export", fromlist=["main"]).main,
+                       ["--tracking-uri", _store_at(tmp, uri, NEWER_REVISION), "--out", str(tmp / "r.html")]),
+     NEWER_STORE),
+    ("report: a store a newer MLflow migrated",
+     lambda uri, tmp: (__import__("dashboard.report", fromlist=["main"]).main,
+                       ["--tracking-uri", _store_at(tmp, uri, NEWER_REVISION)]), NEWER_STORE),
+    ("sweep: a store older than this mlflow",
+     lambda uri, tmp: _sweep("--dry-run", "--tracking-uri", _store_at(tmp, uri, OLDER_REVISION)),
+     f"has schema revision {OLDER_REVISION}, older than the one this tool's mlflow"),
+    # more secrets
+    ("trial: a model named by a URL with a password", lambda uri, tmp: _trial(model=SECRET_URI + "/m"), "alice:***@"),
+    ("sweep: a model named by a URL with a password",
+     lambda uri, tmp: _sweep("--models", SECRET_URI + "/m", "--tracking-uri", uri), "alice:***@"),
+    ("dashboard: a refused MLflow UI URL with a password",
+     lambda uri, tmp: _dashboard(uri, "--mlflow-ui", f"ftp://alice:{SECRET}@127.0.0.1:5000"), "alice:***@"),
+    # the decision: its limits' units and ranges, and a store it cannot decide from
+    ("recommend: a latency without a unit", lambda uri, tmp: _recommend(uri, "--max-ttft", "200"),
+     "'200' is not a latency with a unit"),
+    ("recommend: a zero latency limit", lambda uri, tmp: _recommend(uri, "--max-tpot", "0ms"),
+     "a latency limit must be above 0"),
+    ("recommend: a price of zero", lambda uri, tmp: _recommend(uri, "--price-per-hour", "0"),
+     "a price per hour must be above 0"),
+    ("recommend: a negative KL limit", lambda uri, tmp: _recommend(uri, "--max-kl=-1"), "must be a finite number, 0 or above"),
+    ("recommend: a perplexity limit that is not a percentage",
+     lambda uri, tmp: _recommend(uri, "--max-perplexity-increase", "some"), "is not a percentage"),
+    ("recommend: the cost objective without a price", lambda uri, tmp: _recommend(uri, "--objective", "cost"),
+     "--objective cost needs a price"),
+    ("recommend: a store without whole-stack runs", lambda uri, tmp: _recommend(uri), "holds no finished runs of the"),
+    ("recommend: a tracking URI with a password", lambda uri, tmp: _recommend(SECRET_URI), "alice:***@"),
+    ("recommend: a store a newer MLflow migrated",
+     lambda uri, tmp: _recommend(_store_at(tmp, uri, NEWER_REVISION)), NEWER_STORE),
 ]
 
 
 # Kinds that need the built zoo (a model's own config on disk): run with the ``tiny_zoo`` fixture.
-NEEDS_ZOO = {"trial: context longer than the model's positions"}
+NEEDS_ZOO = {"trial: context longer than the model's positions", "trial: generation longer than the model's positions",
+             "sweep file: new tokens beyond the model's positions"}
 
 
 @pytest.mark.parametrize("kind, make, needle", [c for c in CASES if c[0] not in NEEDS_ZOO],
@@ -329,6 +464,22 @@ def test_readers_open_a_store_they_may_not_write(store, tmp_path, capsys):
     assert export(["--tracking-uri", read_only, "--out", str(out)]) == 0 and out.stat().st_size > 0
     assert report.main(["--tracking-uri", read_only]) == 0
     assert "| baseline | 1 |" in capsys.readouterr().out
+
+
+def test_a_store_a_newer_mlflow_migrated_is_left_as_it_was(store, tmp_path, capsys):
+    """Every command that opens a store refuses one a newer MLflow migrated, and none writes to it,
+    not even the sqlite files a read could leave beside it."""
+    from dashboard import app, export, report
+    from sweeps import full
+
+    newer = _store_at(tmp_path, store, NEWER_REVISION)
+    before, files = _digest(newer), sorted(tmp_path.iterdir())
+    for main, argv in ((full.main, ["--dry-run", "--tracking-uri", newer]), (app.main, ["--tracking-uri", newer]),
+                       (export.main, ["--tracking-uri", newer, "--out", str(tmp_path / "r.html")]),
+                       (report.main, ["--tracking-uri", newer])):
+        assert main(argv) == 2
+        assert f"schema revision {NEWER_REVISION} is not one this tool's mlflow" in capsys.readouterr().err
+    assert _digest(newer) == before and sorted(tmp_path.iterdir()) == files
 
 
 PLUGIN_COMMANDS = """

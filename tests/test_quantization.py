@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,8 +70,17 @@ def test_sweep_fills_the_experiment_and_plans_gptq_only_with_its_extra(swept):
     if not HAS_GPTQ:       # not planned, so no FAILED run; the plan says so once, with the install line
         assert sweep.counts("quantization") == (len(finished), 0, 0)
         output = sweep.done.stdout + sweep.done.stderr
-        assert output.count("gptq not planned for") == 1
+        assert output.count("gptq not planned for") == 2          # in the plan, and again in the summary
+        assert "not planned: quantization: gptq not planned for" in output
         assert "GPTQ needs the optional extra: pip install -e '.[gptq]'" in output
+        from dashboard.sections import quantization
+        assert "No GPTQ runs: GPTQ is planned only where its optional extra is installed" in quantization.caption(finished)
+    # the sweep's --price-per-hour: every run logs its cost beside its throughput, and per-request latency
+    from conftest import SESSION_PRICE_PER_HOUR
+    assert (finished["price_per_hour_usd"] == SESSION_PRICE_PER_HOUR).all()
+    assert np.allclose(finished["usd_per_million_output_tokens"],
+                       SESSION_PRICE_PER_HOUR / (finished["tok_per_s"] * 3600) * 1e6)
+    assert (finished["latency_samples"] >= 1).all() and finished["ttft_s_p50"].notna().all()
 
 
 def test_quality_metrics_are_consistent(swept):

@@ -100,6 +100,7 @@ def test_registry_entries_never_trust_remote_code(tmp_path):
     assert ModelEntry("x", "hub", "org/x", "target").trust_remote_code is False
     assert not [name for name, entry in all_models().items() if entry.trust_remote_code]
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
     assert get_model(str(tmp_path)).trust_remote_code is False, "a local folder is not trusted either"
 
 

@@ -8,6 +8,7 @@ tiny-gqa (Chromium draws it, and its quality-budget boxes redraw the card: tests
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import random
@@ -259,7 +260,7 @@ def test_the_code_a_card_shows_is_the_arguments_the_trial_ran_with(stacks_store)
     """One description (trials.engines.transformers.arguments) is both what generate() got and the
     code a user is shown: every run records it (tag user_code), the card shows that, and preparing
     the same config again gives exactly the described keywords with the described values."""
-    from dashboard.sections.stacks import reproduce, trial_config
+    from dashboard.decision import reproduce, trial_config
     from trials.engines.transformers.arguments import Literal, as_code, stack_arguments
     from trials.engines.transformers.generation import prepare
     from trials.loop import trial_prompts
@@ -283,8 +284,10 @@ def test_the_code_a_card_shows_is_the_arguments_the_trial_ran_with(stacks_store)
 
 def test_the_three_pieces_plot_the_store(stacks_store):
     """What the three pieces say, against the store (that Chromium draws them, and that typing in
-    the quality-budget boxes redraws the card: tests/test_every_chart.py)."""
+    the limit boxes redraws the card: tests/test_every_chart.py)."""
     from page import Page
+
+    from dashboard.decision import ROLES
 
     frame = tracking.runs_frame(stacks_store, "stacks")
     assert len(frame) == 8
@@ -294,11 +297,11 @@ def test_the_three_pieces_plot_the_store(stacks_store):
     forest = page.figure("stacks-effects")
     default_card = page.table("stacks-best")
     caption = page.text("stacks-caption")
-    # the quality budget is the user's: loosen it until every stack is within it
-    page.select_model("stacks", frame["model"].iloc[0], min_token_match=0, max_kl=10)
+    # the limits are the user's: loosen the quality budget until every stack is within it
+    page.select_model("stacks", frame["model"].iloc[0], max_kl=10, max_ppl_pct=1000)
     card = page.table("stacks-best")
-    assert "fidelity_token_match >= 0, kl_divergence <= 10" in card["title"]
-    assert "fidelity_token_match >= 0.95, kl_divergence <= 0.05" in default_card["title"]
+    assert "KL <= 10, perplexity +1000 % at most" in card["title"]
+    assert "KL <= 0.02, perplexity +2 % at most" in default_card["title"]
     by_name = dict(zip(frame["tags.stack_name"], frame["tok_per_s"]))
     assert overview["points_drawn"] >= 8
     assert sorted(overview["traces"][0]["x"]) == pytest.approx(sorted(by_name.values()))
@@ -309,15 +312,19 @@ def test_the_three_pieces_plot_the_store(stacks_store):
     found = {e.term: e.ratio for e in effects(frame)[0] if e.response == "tok_per_s"}
     throughput = next(t for t in forest["traces"] if t["name"] == "effect on tok/s")
     assert dict(zip(throughput["y"], throughput["x"])) == pytest.approx(found)
-    why, stack, command, code = card["columns"]
-    assert why[:2] == ["fastest within the quality budget", "smallest within the quality budget"]
-    assert stack[0].split(":")[0] == frame.loc[frame["tok_per_s"].idxmax(), "tags.stack_name"]
+    role, stack, measured, why, command, code = ([html.unescape(cell.replace("<br>", "")) for cell in column]
+                                                 for column in card["columns"])
+    assert role[:3] == [ROLES["speed"], ROLES["throughput"], ROLES["memory"]]
+    single = frame[frame["batch_size"] == 1]
+    assert stack[0] == single.loc[single["tok_per_s"].idxmax(), "tags.stack_name"]
+    assert stack[1] == "nf4+kv4+b4" and "batch 4" in measured[1] and "4 prompts per generate() call" in code[1]
     smallest = frame[frame["peak_memory_bytes"] == frame["peak_memory_bytes"].min()]   # ties: the faster
-    assert stack[1].split(":")[0] == smallest.loc[smallest["tok_per_s"].idxmax(), "tags.stack_name"]
+    assert stack[2] == smallest.loc[smallest["tok_per_s"].idxmax(), "tags.stack_name"]
+    assert "tok/s" in why[0] and any(v in why[0] for v in ("overlap", "no interval"))   # the runner-up, and is it noise
     assert command[0].startswith("python -m trials.run --config ") and "from_pretrained(" in code[0]
     # the command reruns exactly that trial: its config hashes to the run's
     rerun = TrialConfig.from_dict(json.loads(command[0].split("--config ", 1)[1].strip("'")))
-    assert rerun.config_hash == frame.loc[frame["tok_per_s"].idxmax(), "tags.config_hash"]
+    assert rerun.config_hash == single.loc[single["tok_per_s"].idxmax(), "tags.config_hash"]
     assert "8 finished stacks" in caption and "not a sum of separate ones" in caption
     assert "QuantizedCache cannot be cropped" in caption
 

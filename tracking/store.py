@@ -10,10 +10,13 @@ The default store is ``sqlite:///<cwd>/mlflow.db``; ``MLFLOW_TRACKING_URI`` or a
 run in other directories than the driver. The driver calls ``prepare_store`` before any trial
 starts: it creates the schema and every experiment, with an artifact location beside the database,
 so that workers never race to create them and artifacts never land in Ray's temporary folders.
+A sqlite store whose schema is not the pinned mlflow's (a newer MLflow migrated it, which this one
+cannot read) is refused in one line before MLflow opens it (``check_schema``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -82,6 +85,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0, writable: bool = True) -> 
             raise TrackingError(f"tracking store {redact(uri)} is not writable")
         if not writable and path.exists() and not os.access(path, os.R_OK):
             raise TrackingError(f"tracking store {redact(uri)} is not readable")
+        check_schema(uri)
         return
     if uri.startswith(("http://", "https://")):
         import requests
@@ -95,6 +99,51 @@ def check_reachable(uri: str, timeout_s: float = 5.0, writable: bool = True) -> 
             raise TrackingError(f"tracking server {redact(uri)} answered HTTP {response.status_code} on /health")
         return
     raise TrackingError(f"unsupported tracking URI {redact(uri)!r}; use sqlite:///path/mlflow.db or http(s)://")
+
+
+@functools.cache
+def _mlflow_schema() -> tuple[str, frozenset[str], str]:
+    """(the installed mlflow's version, every schema revision its migrations know, the newest)."""
+    from importlib.metadata import version
+
+    import mlflow.store
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(Path(mlflow.store.__file__).parent / "db_migrations"))
+    return version("mlflow"), frozenset(r.revision for r in script.walk_revisions()), script.get_current_head()
+
+
+def check_schema(uri: str) -> None:
+    """``TrackingError`` (one line) where a sqlite store's schema is not the one this mlflow writes: a
+    newer MLflow migrated it (this one cannot read it; its own advice, `mlflow db upgrade`, cannot
+    help), or it is older than this mlflow (then upgrading helps). Read before MLflow opens the
+    store, through a read-only connection: the file is never changed."""
+    import sqlite3
+    from contextlib import closing
+
+    path = _sqlite_path(uri)
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            found = [row[0] for row in db.execute("SELECT version_num FROM alembic_version")]
+    except sqlite3.Error:            # no MLflow schema yet, or not a sqlite file: MLflow says what it finds
+        return
+    mlflow_version, known, newest = _mlflow_schema()
+    if not found or found == [newest]:
+        return
+    shown = redact(uri)
+    unknown = [revision for revision in found if revision not in known]
+    if unknown:
+        raise TrackingError(
+            f"tracking store {shown} was migrated by a newer MLflow: its schema revision {unknown[0]} is not one "
+            f"this tool's mlflow {mlflow_version} knows (its newest is {newest}), and this tool needs mlflow "
+            f"{mlflow_version}; open that store with the newer mlflow that migrated it, or give --tracking-uri a "
+            "copy made before it was migrated")
+    raise TrackingError(
+        f"tracking store {shown} has schema revision {found[0]}, older than the one this tool's mlflow "
+        f"{mlflow_version} reads ({newest}): back it up, then run `mlflow db upgrade {shown}` with mlflow "
+        f"{mlflow_version}")
 
 
 def _client(uri: str):

@@ -57,6 +57,11 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _int_at_least(value, low: int) -> bool:
+    """An integer (not a bool: JSON ``true`` is no batch size) of at least ``low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 @dataclass(frozen=True)
 class Stack:
     """The optimization stack: how the model is loaded and how it generates."""
@@ -87,19 +92,19 @@ class Stack:
         _check(self.kv_backend == "none" or self.kv_bits in KV_BACKEND_BITS[self.kv_backend],
                f"kv_backend {self.kv_backend!r} does not support kv_bits {self.kv_bits}; it supports "
                f"{', '.join(map(str, KV_BACKEND_BITS.get(self.kv_backend, ())))}")
-        _check(isinstance(self.kv_group_size, int) and self.kv_group_size >= 1,
+        _check(_int_at_least(self.kv_group_size, 1),
                f"kv_group_size must be an integer >= 1, got {self.kv_group_size!r}")
-        _check(isinstance(self.kv_residual_length, int) and self.kv_residual_length >= 0,
+        _check(_int_at_least(self.kv_residual_length, 0),
                f"kv_residual_length must be an integer >= 0, got {self.kv_residual_length!r}")
         _check(self.speculation in SPECULATION,
                f"unknown speculation {self.speculation!r}; valid: {', '.join(SPECULATION)}")
-        _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
+        _check(_int_at_least(self.batch_size, 1),
                f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if self.speculation == "none":
             _check(self.draft_model is None and self.num_draft_tokens == 0,
                    "draft_model / num_draft_tokens are only meaningful with speculation")
         else:
-            _check(isinstance(self.num_draft_tokens, int) and self.num_draft_tokens >= 1,
+            _check(_int_at_least(self.num_draft_tokens, 1),
                    f"speculation needs num_draft_tokens (k) >= 1, got {self.num_draft_tokens!r}")
             _check(self.batch_size == 1,
                    "speculative decoding runs at batch_size 1 only "
@@ -164,13 +169,13 @@ class Workload:
     def validate(self) -> None:
         _check(self.prompt_set in PROMPT_SETS,
                f"unknown prompt_set {self.prompt_set!r}; valid: {', '.join(PROMPT_SETS)}")
-        _check(isinstance(self.prompts_per_type, int) and self.prompts_per_type >= 1,
+        _check(_int_at_least(self.prompts_per_type, 1),
                f"prompts_per_type must be an integer >= 1, got {self.prompts_per_type!r}")
-        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 2,
+        _check(_int_at_least(self.max_new_tokens, 2),
                f"max_new_tokens must be an integer >= 2, got {self.max_new_tokens!r}")
-        _check(isinstance(self.context_tokens, int) and self.context_tokens >= 0,
+        _check(_int_at_least(self.context_tokens, 0),
                f"context_tokens must be an integer >= 0, got {self.context_tokens!r}")
-        _check(isinstance(self.eval_windows, int) and self.eval_windows >= 0,
+        _check(_int_at_least(self.eval_windows, 0),
                f"eval_windows must be an integer >= 0, got {self.eval_windows!r}")
 
 
@@ -196,16 +201,19 @@ class TrialConfig:
         entry = self.entry()               # raises ConfigError naming the valid models
         _check(self.device in DEVICES,
                f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
-        _check(isinstance(self.repeats, int) and self.repeats >= 1,
+        _check(_int_at_least(self.repeats, 1),
                f"repeats must be an integer >= 1, got {self.repeats!r}")
         self.stack.validate()
         group.check(self.stack)            # the group's stack guard (trials.groups)
         self.workload.validate()
-        if self.workload.context_tokens:
-            limit = max_positions(entry)
-            _check(limit is None or self.workload.context_tokens + self.workload.max_new_tokens <= limit,
-                   f"context_tokens {self.workload.context_tokens} + max_new_tokens "
-                   f"{self.workload.max_new_tokens} is longer than {self.model}'s {limit} positions")
+        limit = max_positions(entry)
+        context, new = self.workload.context_tokens, self.workload.max_new_tokens
+        if context:
+            _check(limit is None or context + new <= limit,
+                   f"context_tokens {context} + max_new_tokens {new} is longer than {self.model}'s {limit} positions")
+        else:                              # prompts as written: at least one token of prompt
+            _check(limit is None or new < limit,
+                   f"max_new_tokens {new} plus a prompt is longer than {self.model}'s {limit} positions")
         if self.stack.draft_model is not None:
             self.entry(self.stack.draft_model)    # a draft of another tokenizer family drafts across
             # tokenizers (transformers' universal assisted generation; trials.techniques.speculative.runner)
@@ -273,6 +281,7 @@ class Runtime:
     git_sha: str = "unknown"
     sweep_id: str = ""
     memory_budget_bytes: int | None = None   # emulate a device this size (trials.techniques.batching.runner): oom above it
+    price_per_hour_usd: float | None = None  # the machine's price: each run logs $/1M output tokens (trials.measurement.cost)
 
 
 # Sizes, for ``Runtime.memory_budget_bytes`` (``--memory-budget``) and messages.

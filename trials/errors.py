@@ -25,3 +25,16 @@ def one_line_errors(prog: str):
                 return 2
         return run
     return wrap
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a count of workers, CPUs, threads), else argparse's one line."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value

@@ -32,7 +32,9 @@ from trials.config import Runtime, TrialConfig
 from trials.engines import ENGINES
 from trials.engines.transformers.generation import BatchRecord
 from trials.errors import ConfigError
+from trials.measurement.energy import Energy, measure_energy
 from trials.measurement.environment import environment_tags
+from trials.measurement.latency import latency_metrics
 from trials.measurement.hardware import precision_is_native
 from trials.measurement.instruments import PeakMemory, TokenTimer, track_peak_memory
 from trials.models import loading
@@ -80,6 +82,16 @@ def _repeat_statistics(throughput: list[float]) -> dict[str, float]:
     return stats
 
 
+def energy_metrics(energy: Energy, repeats: list[list[BatchRecord]]) -> tuple[dict[str, float], dict[str, str]]:
+    """Joules per generated token over the timed passes, where a counter measured them
+    (``trials.measurement.energy``); else only the tag saying why not."""
+    if energy.joules is None:
+        return {}, {"energy_method": energy.method} if energy.method else {}
+    tokens = sum(b.new_tokens * len(b.prompt_ids) for rep in repeats for b in rep)
+    return ({"energy_j": energy.joules, "energy_j_per_output_token": energy.joules / tokens},
+            {"energy_method": energy.method})
+
+
 def _summarize(config: TrialConfig, loaded: loading.LoadedModel,
                repeats: list[list[BatchRecord]], added_peak_bytes: int) -> tuple[dict[str, float], dict[str, str]]:
     """The trial's metrics, and tags that explain any predicted value it could not compute."""
@@ -94,6 +106,7 @@ def _summarize(config: TrialConfig, loaded: loading.LoadedModel,
         **_repeat_statistics(throughput),
         **_spread([b.ttft_s for b in records], "ttft_s"),
         **_spread([b.decode_s / b.decode_tokens for b in records], "tpot_s"),
+        **latency_metrics(records),
         "per_stream_tok_per_s": statistics.median(throughput) / batch_size,
         **facts,
         "peak_memory_bytes": facts["weights_bytes"] + added_peak_bytes,
@@ -119,6 +132,7 @@ class Measured:
     warmup_s: float
     measured_s: float
     peak: PeakMemory
+    energy: Energy = field(default_factory=Energy)
 
     def outputs(self) -> dict[str, list[int]]:
         """prompt id -> generated token ids (first repeat; greedy, so every repeat is the same)."""
@@ -144,10 +158,11 @@ def measure(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prom
         for batch in batches:  # every prompt shape once: lazy init and per-shape kernel choice
             generate_batch(loaded, batch, WARMUP_TOKENS, timer, generate_kwargs)
         warmup_s = time.perf_counter() - started
-        with track_peak_memory(config.device) as peak, probe or contextlib.nullcontext():
+        with track_peak_memory(config.device) as peak, measure_energy(config.device) as energy, \
+                probe or contextlib.nullcontext():
             records = [[generate_batch(loaded, b, config.workload.max_new_tokens, timer, generate_kwargs)
                         for b in batches] for _ in range(repeats or config.repeats)]
-    return Measured(records, warmup_s, time.perf_counter() - started, peak)
+    return Measured(records, warmup_s, time.perf_counter() - started, peak, energy)
 
 
 def compare_outputs(outputs: dict[str, list[int]], reference: dict[str, list[int]]) -> dict[str, float]:
@@ -178,6 +193,9 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: loading.LoadedModel, m
            raw: dict | None = None) -> TrialResult:
     """The trial's result: the loop's summary plus what the group measured on top."""
     summary, notes = _summarize(config, loaded, measured.repeats, measured.peak.added_bytes)
+    energy, energy_tags = energy_metrics(measured.energy, measured.repeats)
+    summary.update(energy)
+    notes = {**notes, **energy_tags}
     summary.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
                    model_from_cache=float(loaded.from_cache), warmup_s=measured.warmup_s,
                    measured_s=measured.measured_s)

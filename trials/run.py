@@ -24,8 +24,10 @@ import torch
 
 from trials import groups
 from trials.config import Runtime, Stack, TrialConfig, Workload, human_bytes, parse_memory_budget
-from trials.errors import ConfigError, one_line_errors
+from trials.errors import ConfigError, one_line_errors, positive_int
 from trials.loop import OOM, TrialResult, failed_result, free_memory, is_out_of_memory
+from trials.measurement.cost import usd_per_million_tokens
+from trials.redaction import redact
 
 
 def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
@@ -47,8 +49,18 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
     if result.error and result.error.startswith(OOM):      # outside the handler: its frames hold tensors
         free_memory(config.device)
     over_budget(result, runtime.memory_budget_bytes)
+    add_cost(result, runtime.price_per_hour_usd)
     result.metrics["trial_s"] = time.perf_counter() - started   # everything: loading, references, repeats
     return result
+
+
+def add_cost(result: TrialResult, price_per_hour_usd: float | None) -> None:
+    """$/1M output tokens at the price the user gave for this machine, beside the price itself."""
+    tok_per_s = result.metrics.get("tok_per_s")
+    if price_per_hour_usd is None or result.status != "FINISHED" or not tok_per_s:
+        return
+    result.metrics["price_per_hour_usd"] = float(price_per_hour_usd)
+    result.metrics["usd_per_million_output_tokens"] = usd_per_million_tokens(price_per_hour_usd, tok_per_s)
 
 
 def over_budget(result: TrialResult, budget: int | None) -> None:
@@ -78,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--memory-budget", default=None, metavar="SIZE",
                         help="emulate a device with this much memory, e.g. 2GiB: a trial whose peak exceeds it is an "
                              "'oom' FAILED run (the batching group also refuses by its predicted peak)")
@@ -98,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         budget = None if args.memory_budget is None else parse_memory_budget(args.memory_budget)
         result = run_trial(config, Runtime(num_threads=args.threads, memory_budget_bytes=budget))
     except (ConfigError, json.JSONDecodeError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(exc)}", file=sys.stderr)
         return 2
     out = result.to_dict()
     if not args.raw:

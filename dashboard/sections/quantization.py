@@ -28,6 +28,7 @@ from plotly.colors import qualitative
 from dashboard.sections.common import (TEMPLATE, MB, PROVENANCE, PROVENANCE_HOVER, Hover, WHISKERS, count_range, device_names, has,
                                        latest, precision_order, spread_error_bars)
 from trials.config import FOUR_BIT_WEIGHTS, PRECISIONS
+from trials.techniques.quantization.space import GPTQ_EXTRA
 
 GROUP = "quantization"
 TITLE = "Quantization — bf16 / 8-bit / 4-bit"
@@ -274,6 +275,8 @@ def caption(frame: pd.DataFrame) -> str:
             f"({references}); quantized layers compute in its dtype. Memory: real storage, with "
             f"quantizer scales; peak = weights + what decoding added. Device: {device_names(rows)}. "
             "Latest run per model and precision; hover a point for where it came from. ")
+    if "gptq" not in set(rows["precision"].astype(str)):
+        text += f"No GPTQ runs: GPTQ is planned only where its optional extra is installed ({GPTQ_EXTRA}). "
     breaks = ordering_breaks(rows)
     if not breaks:
         return text + (f"Ordering check passed for every model: int8 within {INT8_TOLERANCE:.0%} of "

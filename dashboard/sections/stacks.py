@@ -9,25 +9,24 @@ together, ``trials.techniques.stacks.runner``), never a sum of separate trials. 
 2. What each optimization contributes: main effects and two-way interactions from the per-model 2^n
    design (``trials.stats.factorial``), as "x faster" with 95 % intervals; an interval spanning 1x is
    marked not significant. Memory effects carry no interval (one peak per trial).
-3. Best stack: the fastest stack within the quality budget (``QUALITY_BUDGET``) and the smallest,
-   with the command that reproduces the trial and the arguments that turn the stack on.
+3. Best stack: ``dashboard.decision``'s picks (the fastest single-stream stack, the highest-throughput
+   batched one, the smallest, the cheapest with a price) within the limits typed in the boxes beside
+   the model selector (quality, latency, price; the same decision ``llm-recommend`` prints), each with
+   why the next-best lost, the command that reproduces the trial and the code that turns it on.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import math
-from dataclasses import fields
+import textwrap
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from dashboard.sections.common import MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, count_range, has, latest
-from trials.config import Stack, TrialConfig, Workload
-from trials.engines.transformers.arguments import as_code, stack_arguments
-from trials.models.registry import entry_from_dict, reference_precision
+from dashboard.decision import DEFAULT_LIMITS, Decision, Limits, decide, facts, reproduce
 from trials.stats.factorial import effects, factor_columns
 from trials.techniques.stacks.spec import SPEC_NEEDS_CROP
 
@@ -37,14 +36,19 @@ BLURB = ("Which stack of optimizations should this model run, and which part of 
          "the work?")
 DEEP_DIVE_TITLE = "Per model: the stacks, what each optimization contributes, the best stack"
 RUN_STATUS = None                     # FAILED combinations are named, not hidden
+DECIDES = True                        # the decision (dashboard.decision, llm-recommend) reads this group
 OVERVIEW_ID = "stacks-overview"
 FRONTIER_ID, EFFECTS_ID, CARD_ID = "stacks-frontier", "stacks-effects", "stacks-best"
-# A stack counts as "within quality" when its greedy tokens match the reference on at least this
-# share of positions and (where it has one) its mean KL divergence is at most this many nats; the
-# user sets both in the boxes beside the model selector.
-QUALITY_BUDGET = {"fidelity_token_match": 0.95, "kl_divergence": 0.05}
-DEEP_DIVE_CONTROLS = {"min_token_match": ("quality budget: min token match", QUALITY_BUDGET["fidelity_token_match"], 0.01),
-                      "max_kl": ("max KL (nats)", QUALITY_BUDGET["kl_divergence"], 0.01)}
+# The best-stack card's limits, typed beside the model selector (an empty box: no limit); the
+# defaults are the decision's (``dashboard.decision.Limits``, justified there from measured stores)
+DEEP_DIVE_CONTROLS = {
+    "max_kl": ("max KL (nats)", DEFAULT_LIMITS.max_kl, 0.01),
+    "max_ppl_pct": ("max perplexity increase %", 100 * DEFAULT_LIMITS.max_perplexity_increase, 0.5),
+    "min_token_match": ("min token match", None, 0.01),
+    "max_ttft_ms": ("max TTFT ms", None, 10),
+    "max_tpot_ms": ("max time/token ms", None, 1),
+    "price_per_hour": ("price $/h", None, 0.1),
+}
 LAYOUT = dict(template=TEMPLATE, margin=dict(l=70, r=20, t=60, b=50), height=440)
 COLORS = qualitative.Plotly
 NEEDED = ("model", "tok_per_s", "peak_memory_bytes", "tags.stack_name")
@@ -177,91 +181,63 @@ def effects_chart(frame: pd.DataFrame, model: str) -> go.Figure:
     return figure
 
 
-def within_quality(rows: pd.DataFrame, budget: dict[str, float]) -> pd.Series:
-    ok = pd.Series(True, index=rows.index)
-    for column, bound in budget.items():
-        if column in rows.columns:
-            values = pd.to_numeric(rows[column], errors="coerce")
-            ok &= values.isna() | ((values >= bound) if column == "fidelity_token_match" else (values <= bound))
-    return ok
+def limits(max_kl=None, max_ppl_pct=None, min_token_match=None, max_ttft_ms=None, max_tpot_ms=None,
+           price_per_hour=None) -> Limits:
+    """The boxes' values as the decision's limits (an empty or negative box: no limit)."""
+    def given(value, scale=1.0):
+        return None if value is None or value == "" or float(value) < 0 else float(value) * scale
+
+    price = given(price_per_hour)
+    return Limits(max_kl=given(max_kl), max_perplexity_increase=given(max_ppl_pct, 0.01),
+                  min_token_match=given(min_token_match), max_ttft_s=given(max_ttft_ms, 1e-3),
+                  max_tpot_s=given(max_tpot_ms, 1e-3), price_per_hour_usd=price or None)
 
 
-def _typed(cls, row: pd.Series):
-    """A ``Stack`` or ``Workload`` from a run's params (strings), typed by the field's default."""
-    values = {}
-    for f in fields(cls):
-        value = row.get(f.name)
-        if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
-            continue
-        default = getattr(cls(), f.name)
-        if isinstance(default, bool):
-            value = str(value) == "True"
-        elif isinstance(default, int):
-            value = int(float(value))
-        values[f.name] = value
-    return cls(**values)
+# The card's columns and their relative widths. A plotly table does not wrap text, so each cell is
+# wrapped here to its column's width (at the card's usual width) and the rows sized to their lines.
+CARD_COLUMNS = (("", 1.2), ("stack", 1.3), ("measured", 3.1), ("why not the next", 2.6), ("reproduce", 2.4),
+                ("turn it on in your code", 3.4))
+CARD_WIDTH_PX, CHAR_PX, LINE_PX = 1150, 6.8, 15
 
 
-def trial_config(row: pd.Series) -> TrialConfig:
-    """The run's exact config, rebuilt from its params (its config_hash is the run's), a sweep
-    file's own model too: its entry travels in the ``declared_models`` param."""
-    declared = row.get("declared_models")
-    return TrialConfig(group=GROUP, model=str(row["model"]), device=str(row.get("device", "cpu")),
-                       repeats=int(float(row["repeats"])), seed=int(float(row.get("seed", 0))),
-                       stack=_typed(Stack, row), workload=_typed(Workload, row),
-                       declared=tuple(entry_from_dict(e) for e in json.loads(declared))
-                       if isinstance(declared, str) and declared else ())
+def _cell_lines(text: str, units: float) -> list[str]:
+    """``text`` wrapped to a column ``units`` wide, each piece HTML-escaped so that no text of a run
+    (a model's name, a user's code) is taken for a tag by plotly. The section's frame comes escaped
+    (``dashboard.reader.shown``): it is unescaped first, so that no entity is cut in two."""
+    width = max(8, int(units / sum(u for _, u in CARD_COLUMNS) * CARD_WIDTH_PX / CHAR_PX))
+    return [html.escape(piece, quote=False) for line in html.unescape(text).splitlines() or [""]
+            for piece in (textwrap.wrap(line, width, break_long_words=True, break_on_hyphens=False,
+                                        drop_whitespace=False) or [""])]
 
 
-def reproduce(row: pd.Series) -> tuple[str, str]:
-    """(the command that reruns this trial, the code that turns the stack on): the code the trial
-    recorded from the arguments it ran with (tag ``user_code``), else the same description rendered
-    for the stack (runs logged before the tag existed)."""
-    config = trial_config(row)
-    command = f"python -m trials.run --config '{json.dumps(config.to_dict())}'"
-    code = row.get("tags.user_code")
-    if not isinstance(code, str) or not code:
-        code = as_code(stack_arguments(config.stack, reference_precision(config.entry(), config.device)))
-    return command, code
-
-
-def best_card(rows: pd.DataFrame, model: str, failed: pd.DataFrame,
-              budget: dict[str, float] = QUALITY_BUDGET) -> go.Figure:
-    ok = rows[within_quality(rows, budget)]
-    picks = []
-    if not ok.empty:
-        picks.append(("fastest within the quality budget", ok.loc[ok["tok_per_s"].astype(float).idxmax()]))
-        # equal peaks (a CPU's resident-set rise is often zero for small stacks): the faster one
-        smallest = ok.assign(_mb=ok["peak_mb"].astype(float), _speed=ok["tok_per_s"].astype(float))
-        picks.append(("smallest within the quality budget",
-                      smallest.sort_values(["_mb", "_speed"], ascending=[True, False]).iloc[0]))
-    cells = [[], [], [], []]
-    for why, row in picks:
+def best_card(decision: Decision) -> go.Figure:
+    """The decision as a table: one row per pick (the closest stack where none passes), notes, then FAILED runs."""
+    rows: list[tuple[str, ...]] = []
+    for pick in decision.picks:
+        command, code = reproduce(pick.row)
+        why = pick.runner_up + (f"\nranked above it, excluded by the limits: {pick.excluded}" if pick.excluded else "")
+        rows.append((pick.title, pick.row["name"].replace("+", "\n+"), "\n".join(facts(pick.row, decision.rows, decision.limits)),
+                     why, command, code))
+    if decision.closest is not None:
+        row, missed = decision.closest
         command, code = reproduce(row)
-        cells[0].append(why)
-        cells[1].append(f"{row['name']}: {float(row['tok_per_s']):.1f} tok/s ({_interval(row)}), "
-                        f"{float(row['peak_mb']):.1f} MB, x{float(row.get('speedup_vs_baseline', float('nan'))):.2f} "
-                        f"speed, x{float(row.get('memory_vs_baseline', float('nan'))):.2f} memory vs the base stack "
-                        f"measured in the same worker; {_quality(row)}")
-        cells[2].append(command)
-        cells[3].append(html.escape(code).replace("\n", "<br>"))
-    if not picks and not rows.empty:
-        closest = rows.loc[pd.to_numeric(rows.get("fidelity_token_match"), errors="coerce").fillna(-1).idxmax()]
-        cells[0].append("nothing within the budget")
-        cells[1].append(f"closest: {closest['name']}, {_quality(closest)}")
-        cells[2].append("loosen the budget in the boxes above to see the best stacks within it")
-        cells[3].append("")
-    for _, row in failed.iterrows():
-        cells[0].append("FAILED")
-        cells[1].append(str(row.get("tags.stack_name", row.get("stack", "?"))))
-        cells[2].append(str(row.get("tags.error", ""))[:300])
-        cells[3].append("")
-    figure = go.Figure(go.Table(header=dict(values=["", "stack", "reproduce", "turn it on in your code"]),
-                                cells=dict(values=cells, align="left"), columnwidth=[1.2, 3, 3, 3]))
-    text = ", ".join(f"{k} {'>=' if k == 'fidelity_token_match' else '<='} {v:g}" for k, v in budget.items())
-    figure.update_layout(title=f"{model}: best stack (quality budget: {text})" if picks else
-                         f"{model}: no stack within the quality budget ({text})",
-                         template=TEMPLATE, margin=dict(l=20, r=20, t=60, b=20), height=320)
+        rows.append(("nothing within the limits: closest", row["name"].replace("+", "\n+"),
+                     "\n".join(facts(row, decision.rows, decision.limits)), "misses: " + "; ".join(missed), command, code))
+    rows += [("note", text, "", "", "", "") for text in decision.note.split("; ") if text]
+    for _, row in (decision.failed if decision.failed is not None else pd.DataFrame()).iterrows():
+        rows.append(("FAILED", str(row.get("tags.stack_name", row.get("stack", "?"))), str(row.get("tags.error", ""))[:300],
+                     "", "", ""))
+    wrapped = [[_cell_lines(str(cell), units) for cell, (_, units) in zip(row, CARD_COLUMNS)] for row in rows]
+    cells = [["<br>".join(row[i]) for row in wrapped] for i in range(len(CARD_COLUMNS))]
+    lines = sum(max(len(cell) for cell in row) for row in wrapped)
+    figure = go.Figure(go.Table(header=dict(values=[name for name, _ in CARD_COLUMNS]),
+                                cells=dict(values=cells, align="left", font=dict(size=11)),
+                                columnwidth=[units for _, units in CARD_COLUMNS]))
+    text = decision.limits.describe()
+    figure.update_layout(title=f"{decision.model}: best stack within {text}" if decision.picks else
+                         f"{decision.model}: no stack within the limits ({text})",
+                         template=TEMPLATE, margin=dict(l=20, r=20, t=60, b=20),
+                         height=130 + LINE_PX * lines + 12 * len(rows))
     return figure
 
 
@@ -279,18 +255,18 @@ def deep_dive_models(frame: pd.DataFrame) -> list[str]:
     return sorted(_finished(frame)["model"].dropna().unique())
 
 
-def deep_dive(frame: pd.DataFrame, model: str, min_token_match: float = QUALITY_BUDGET["fidelity_token_match"],
-              max_kl: float = QUALITY_BUDGET["kl_divergence"]) -> list[tuple[str, go.Figure]]:
+def deep_dive(frame: pd.DataFrame, model: str, **boxes) -> list[tuple[str, go.Figure]]:
+    """``boxes``: the ``DEEP_DIVE_CONTROLS`` by name (missing: its default)."""
     if not has(frame, *NEEDED):
         return []
     mine = frame[frame["model"] == model]
     rows = _rows(mine)
     if rows.empty:
         return []
-    failed = latest(mine[mine["status"] == "FAILED"], ["tags.stack_name"]) if "status" in mine else mine.iloc[:0]
+    chosen = {name: boxes.get(name, default) for name, (_, default, _) in DEEP_DIVE_CONTROLS.items()}
+    [decision] = decide(mine, limits(**chosen), [model])
     return [(FRONTIER_ID, frontier(rows, model)), (EFFECTS_ID, effects_chart(frame, model)),
-            (CARD_ID, best_card(rows, model, failed, {"fidelity_token_match": float(min_token_match),
-                                                       "kl_divergence": float(max_kl)}))]
+            (CARD_ID, best_card(decision))]
 
 
 def caption(frame: pd.DataFrame) -> str:

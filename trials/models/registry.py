@@ -95,7 +95,7 @@ class Catalogue:
                               "model; name yours differently")
 
     def get(self, name: str) -> ModelEntry:
-        """The entry for ``name``; a local folder with a config.json is accepted as-is."""
+        """The entry for ``name``; a local model folder (config.json and weights) is accepted as-is."""
         for entry in self.declared:
             if entry.name == name:
                 return entry
@@ -134,9 +134,13 @@ def entry_from_dict(data: dict) -> ModelEntry:
     return ModelEntry(**data)
 
 
+# What a model folder's weights are called: transformers' (sharded or not) and llama.cpp's.
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
+
+
 def check_local_folder(folder: Path) -> None:
-    """A local model folder must hold a readable config.json naming its architecture, so that a broken
-    one fails here in one line instead of inside a worker after Ray has started."""
+    """A local model folder must hold a readable config.json naming its architecture, and weights, so
+    that a broken one fails here in one line instead of inside a worker after Ray has started."""
     if not folder.is_dir():
         raise ConfigError(f"no such model folder: {str(folder)!r}")
     path = folder / "config.json"
@@ -150,6 +154,9 @@ def check_local_folder(folder: Path) -> None:
         raise ConfigError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     if not isinstance(config, dict) or not config.get("model_type"):
         raise ConfigError(f"{path} names no model_type, so transformers cannot tell which architecture it is")
+    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise ConfigError(f"model folder {str(folder)!r} has no weights (looked for {', '.join(WEIGHT_FILES)}): "
+                          "is the download or save_pretrained complete?")
 
 
 def model_config(entry: ModelEntry) -> dict | None:

@@ -66,6 +66,7 @@ class StackArguments:
     load: dict[str, object] = field(default_factory=dict)       # from_pretrained(...) keywords
     generate: dict[str, object] = field(default_factory=dict)   # generate(...) keywords
     notes: tuple[str, ...] = ()                                  # what the code cannot say by itself
+    batch_size: int = 1                                          # prompts per generate() call
 
 
 def compute_precision(precision: str, reference: str) -> str:
@@ -142,7 +143,8 @@ def stack_arguments(stack: Stack, reference: str, traits: ModelTraits = ModelTra
     if stack.precision == "gptq":
         notes = ("GPTQ weights: GPTQModel.load(quantized_folder) instead of from_pretrained "
                  "(trials.models.quantized_weights)",)
-    return StackArguments(load_arguments(stack.precision, reference), generate_arguments(stack, traits), notes)
+    return StackArguments(load_arguments(stack.precision, reference), generate_arguments(stack, traits), notes,
+                          stack.batch_size)
 
 
 # ------------------------------------------------------------------------------ as code
@@ -177,7 +179,9 @@ def as_code(arguments: StackArguments) -> str:
     lines = [line for value in arguments.generate.values() for line in _setup(value)]
     load = ", ".join(f"{k}={_render(v)}" for k, v in arguments.load.items())
     generate = ", ".join(f"{k}={_render(v)}" for k, v in arguments.generate.items())
-    lines = [f"model = AutoModelForCausalLM.from_pretrained(model_path, {load})", *lines,
+    batch = ([f'inputs = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")  '
+              f"# {arguments.batch_size} prompts per generate() call"] if arguments.batch_size > 1 else [])
+    lines = [f"model = AutoModelForCausalLM.from_pretrained(model_path, {load})", *lines, *batch,
              f"model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens"
              f"{', ' + generate if generate else ''})"]
     return "\n".join([*lines, *(f"# {note}" for note in arguments.notes)])

@@ -161,7 +161,8 @@ def quality_metrics(reference: list[torch.Tensor], logprobs: list[torch.Tensor],
     return {"kl_divergence": float(kl.mean()), "kl_divergence_max": float(kl.max()),
             "teacher_forced_top1_match": float((ref.argmax(-1) == this.argmax(-1)).float().mean()),
             "teacher_forced_tokens": float(true.numel()),
-            "reference_perplexity": ppl_ref, "perplexity": ppl, "perplexity_delta": ppl - ppl_ref}
+            "reference_perplexity": ppl_ref, "perplexity": ppl, "perplexity_delta": ppl - ppl_ref,
+            "perplexity_ratio": ppl / ppl_ref}
 
 
 # ------------------------------------------------------------------------------ the reference

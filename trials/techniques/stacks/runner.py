@@ -107,8 +107,9 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     if quantized:
         logprobs, targets = teacher_forced(loaded, stack, prompts, config)
         quality = quality_metrics(ref.logprobs, logprobs, targets)
-        metrics.update({k: quality[k] for k in ("kl_divergence", "kl_divergence_max",
-                                                "teacher_forced_top1_match", "teacher_forced_tokens")})
+        metrics.update({k: quality[k] for k in ("kl_divergence", "kl_divergence_max", "teacher_forced_top1_match",
+                                                "teacher_forced_tokens", "perplexity", "reference_perplexity",
+                                                "perplexity_ratio", "perplexity_delta")})
     tags = {"stack_name": stack.design_name, "reference_source": ref_source,
             "reference_precision": reference_precision(config.entry(), config.device),
             "parts": describe(config), "user_code": prepared.code}

@@ -1,0 +1,167 @@
+"""Which stack should each model run? The best-stack card's decision (``dashboard.decision``), printed.
+
+    llm-recommend                                        # every model of ./mlflow.db, default limits
+    llm-recommend --model smollm2-135m-instruct --max-ttft 200ms --max-tpot 50ms --price-per-hour 0.9
+    llm-recommend --objective throughput --json          # machine-readable
+
+Per model: the fastest single-stream stack, the highest-throughput batched stack, the smallest, and
+(with a price) the cheapest per 1M output tokens, each within the quality budget and the latency
+limits, with its 95 % interval, its quality numbers, why the next-best lost, the command that reruns
+the trial and the code for the engine it ran on; the objective's pick comes first, marked
+"recommended". Where nothing passes: the closest stack and the limits it misses. The dashboard's
+best-stack card shows the same decision for the same limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import tracking
+from dashboard.decision import (DEFAULT_LIMITS, OBJECTIVES, ROLES, Decision, Limits, as_dict, decide, facts,
+                                parse_latency, parse_nonnegative, parse_percent, reproduce)
+from trials.errors import ConfigError, one_line_errors
+from trials.measurement.cost import parse_price_per_hour
+from trials.redaction import redact
+
+PROG = "llm-recommend"
+
+
+def _type(parse, *extra):
+    def convert(text: str):
+        try:
+            return parse(text, *extra)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db here)")
+    parser.add_argument("--model", action="append", default=None, metavar="NAME",
+                        help="a model with whole-stack runs in the store (repeat for several; default: every model)")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="speed",
+                        help="which pick comes first as the recommendation: " +
+                             "; ".join(f"{k}: {v}" for k, v in ROLES.items()) + " (default: speed)")
+    parser.add_argument("--max-kl", type=_type(parse_nonnegative, "--max-kl"), default=DEFAULT_LIMITS.max_kl,
+                        metavar="NATS", help="teacher-forced KL divergence against the model's reference precision, "
+                                             f"nats per token (default {DEFAULT_LIMITS.max_kl:g})")
+    parser.add_argument("--max-perplexity-increase", type=_type(parse_percent),
+                        default=DEFAULT_LIMITS.max_perplexity_increase, metavar="PERCENT",
+                        help="perplexity increase against the reference precision, where measured, e.g. 2%% "
+                             f"(default {100 * DEFAULT_LIMITS.max_perplexity_increase:g}%%)")
+    parser.add_argument("--min-token-match", type=_type(parse_nonnegative, "--min-token-match"), default=None,
+                        metavar="SHARE", help="also require this share of greedy tokens equal to the reference's "
+                                              "(default: shown, not a limit: greedy text drifts at KL ~0.001)")
+    parser.add_argument("--max-ttft", type=_type(parse_latency), default=None, metavar="LATENCY",
+                        help="time to first token per request, e.g. 200ms (checked at the p95 where a run has "
+                             "20 requests or more, else at the largest)")
+    parser.add_argument("--max-tpot", type=_type(parse_latency), default=None, metavar="LATENCY",
+                        help="time per output token per request, e.g. 50ms (p95 or largest, as --max-ttft)")
+    parser.add_argument("--price-per-hour", type=_type(parse_price_per_hour), default=None, metavar="USD",
+                        help="the machine's price in US dollars per hour: adds $/1M output tokens and the "
+                             "cheapest pick (default: the price each run logged, if any)")
+    parser.add_argument("--no-quality-limit", action="store_true",
+                        help="drop the KL and perplexity limits (every stack counts, harmful ones too)")
+    parser.add_argument("--json", action="store_true", help="print the decisions as JSON")
+    return parser.parse_args(argv)
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    quality = {} if not args.no_quality_limit else {"max_kl": None, "max_perplexity_increase": None}
+    return Limits(**{"max_kl": args.max_kl, "max_perplexity_increase": args.max_perplexity_increase, **quality},
+                  min_token_match=args.min_token_match, max_ttft_s=args.max_ttft, max_tpot_s=args.max_tpot,
+                  price_per_hour_usd=args.price_per_hour)
+
+
+def render(decision: Decision, objective: str) -> str:
+    """One model's decision as text: the objective's pick first."""
+    lines = [f"{decision.model}: {len(decision.rows)} stacks measured; limits: {decision.limits.describe()}"]
+    picks = sorted(decision.picks, key=lambda p: p.role != objective)
+    if not any(p.role == objective for p in picks):
+        why = ("no price: give --price-per-hour" if objective == "cost" and decision.limits.price_per_hour_usd is None
+               else "no stack qualifies")
+        lines.append(f"  recommended ({objective}): none ({why})")
+    for pick in picks:
+        command, code = reproduce(pick.row)
+        mark = "recommended: " if pick.role == objective else ""
+        lines.append(f"  {mark}{pick.title}: {pick.row['name']}")
+        lines += [f"      {fact}" for fact in facts(pick.row, decision.rows, decision.limits)]
+        lines.append(f"      why not the next: {pick.runner_up}")
+        if pick.excluded:
+            lines.append(f"      ranked above it, excluded by the limits: {pick.excluded}")
+        lines.append(f"      reproduce: {command}")
+        lines.append("      turn it on in your code:")
+        lines += [f"        {line}" for line in code.splitlines()]
+    if decision.closest is not None:
+        row, missed = decision.closest
+        lines.append(f"  nothing within the limits; closest: {row['name']}, which misses: {'; '.join(missed)}")
+        lines += [f"      {fact}" for fact in facts(row, decision.rows, decision.limits)]
+    if decision.note:
+        lines.append(f"  note: {decision.note}")
+    if decision.failed is not None and len(decision.failed):
+        for _, row in decision.failed.iterrows():
+            lines.append(f"  FAILED: {row.get('tags.stack_name', '?')}: {str(row.get('tags.error', ''))[:200]}")
+    return "\n".join(lines)
+
+
+def deciding_section():
+    """The dashboard section whose runs the decision reads (it declares ``DECIDES = True``)."""
+    from dashboard.sections import all_sections
+
+    found = [s for s in all_sections() if getattr(s, "DECIDES", False)]
+    if not found:
+        raise ConfigError("no dashboard section declares DECIDES = True: no group's runs to decide from")
+    return found[0]
+
+
+def _clean(value):
+    """JSON without NaN (not JSON): null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+@one_line_errors(PROG)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
+        group = deciding_section().GROUP
+        frame = tracking.runs_frame(uri, group, status=None)
+    except tracking.TrackingError as exc:
+        print(f"{PROG}: error: {redact(exc)}", file=sys.stderr)
+        return 2
+    limits = limits_from(args)
+    if args.objective == "cost" and limits.price_per_hour_usd is None and "price_per_hour_usd" not in frame:
+        raise ConfigError("--objective cost needs a price: give --price-per-hour (US dollars per hour of this machine)")
+    finished = frame[frame["status"] == "FINISHED"] if "status" in frame else frame
+    if finished.empty or "tags.stack_name" not in finished:
+        raise ConfigError(f"{redact(uri)} holds no finished runs of the {group} group: run "
+                          f"python sweeps/full.py --groups {group} --tracking-uri ... first")
+    known = sorted(finished["model"].dropna().unique())
+    unknown = [m for m in args.model or [] if m not in known]
+    if unknown:
+        raise ConfigError(f"no {group} runs for {', '.join(map(repr, unknown))} in {redact(uri)}; "
+                          f"models with {group} runs: {', '.join(known)}")
+    decisions = decide(frame, limits, args.model)
+    if args.json:
+        print(json.dumps(_clean([as_dict(d) for d in decisions]), indent=1))
+    else:
+        print(f"Store: {redact(uri)} ({group} group)\n")
+        print("\n\n".join(render(d, args.objective) for d in decisions))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
