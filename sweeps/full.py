@@ -127,8 +127,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure step costs again instead of using this machine's cached calibration")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    parser.add_argument("--rerun", action="store_true",
-                        help="run configs again even if they already have a FINISHED run")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--rerun", action="store_true",
+                       help="run configs again even if they already have a FINISHED run")
+    again.add_argument("--reuse", action="store_true",
+                       help="keep a FINISHED run of the same config at another workload (a narrower sweep after "
+                            "the main job sizes its workloads larger) instead of measuring it again at this "
+                            "sweep's; by default it is measured again, said before anything runs")
     parser.add_argument("--max-failures", type=int, default=1, metavar="N",
                         help="retry a trial whose worker died (SIGKILL, OOM killer, lost node) up to N times "
                              "(default 1; a trial that raises is a FAILED run and is not retried)")
@@ -288,6 +293,31 @@ def print_estimate(fitted, costs, device: str, workers: int) -> None:
           f"(a model of the step costs above, not a measurement; the summary prints the real time)")
 
 
+def measured_at_other_sizes(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]],
+                            uri: str) -> dict[str, tuple[TrialConfig, str]]:
+    """Planned configs without a FINISHED run that the store measured at another workload:
+    config_hash -> (the config, the size it was measured at)."""
+    found = {}
+    for group, configs in trials.items():
+        pending = [c for c in configs if not _finished(c, done)]
+        subjects = tracking.finished_subjects(uri, group) if pending else {}
+        found.update({c.config_hash: (c, subjects[c.subject_hash]) for c in pending if c.subject_hash in subjects})
+    return found
+
+
+def say_measured_elsewhere(elsewhere: dict[str, tuple[TrialConfig, str]], reuse: bool) -> None:
+    if not elsewhere:
+        return
+    config, before = next(iter(elsewhere.values()))
+    example = f"{config.group} {config.model} {config.stack.label}: {before} there, {config.describe_size()} now"
+    if reuse:
+        print(f"{len(elsewhere)} config(s) have a FINISHED run at another workload (e.g. {example}); --reuse: "
+              "keeping those runs, not measuring them again")
+    else:
+        print(f"{len(elsewhere)} config(s) finished before at another workload (e.g. {example}): measuring them "
+              "again at this sweep's workload; --reuse keeps those runs instead")
+
+
 def _finished(config: TrialConfig, done: dict[str, set[str]]) -> bool:
     """Whether the store already holds a FINISHED run of this exact config."""
     return config.config_hash in done.get(config.group, ())
@@ -433,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
             calibrate_s = time.perf_counter() - phase
             estimate_s = fitted.estimate_s / planned_workers(args, device)
     done = {g: tracking.finished_hashes(uri, g) for g in trials} if not args.rerun else {}
+    if not args.rerun:
+        elsewhere = measured_at_other_sizes(trials, done, uri)
+        say_measured_elsewhere(elsewhere, args.reuse)
+        if args.reuse:
+            done = {g: done[g] | {c.config_hash for c in cs if c.config_hash in elsewhere} for g, cs in trials.items()}
     if args.dry_run:
         print_plan(trials, done)
         return 0
@@ -453,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
              sweep_id, len(all_configs), len(to_run), sum(skipped.values()))
 
     outcomes: list[dict] = []
+    sharing: list[float] = []
     tune_s = 0.0
     if to_run:
         import ray
@@ -466,8 +502,15 @@ def main(argv: list[str] | None = None) -> int:
         tune_s = time.perf_counter() - phase
         outcomes = collect_outcomes(results, uri, sweep_id)
         tracking.deliver_spooled(uri)                    # what a worker spooled while the store was away
+        sharing = machine_sharing(uri, sweep_id)
     elapsed_s = time.perf_counter() - started
     print_summary(all_configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out.notes)
+    if to_run and sharing:
+        shared = [f for f in sharing if f > 0]
+        print(f"Machine sharing: {len(shared)} of {len(sharing)} runs had another trial's timed passes beside "
+              f"theirs (median {100 * sorted(sharing)[len(sharing) // 2]:.0f} % of the time; each run's tag "
+              "shared_machine says with which); --workers 1 measures each trial alone, in about "
+              f"{planned_workers(args, device)}x the trial time")
     if to_run:
         print(f"Phases: zoo {zoo_s:.0f} s, calibration {calibrate_s:.0f} s, Ray start-up {ray_start_s:.0f} s, "
               f"trials {tune_s / 60:.1f} min" + (f" (estimated {estimate_s / 60:.1f} min for all "
@@ -493,6 +536,16 @@ def flush_spool() -> int:
     print(f"Spool {spool.spool_dir()}: {waiting} result(s) waiting, {delivered} delivered, {left} left"
           + (" (their store is still unreachable; run --flush again later)" if left else ""))
     return 0 if not left else 1
+
+
+def machine_sharing(uri: str, sweep_id: str) -> list[float]:
+    """Tag the sweep's runs with what shared the machine during their timed passes (best effort: a
+    store that went away keeps the runs without the tag)."""
+    try:
+        return tracking.record_machine_sharing(uri, sweep_id)
+    except Exception as exc:  # the runs are logged; the tag is an addition
+        log.warning("could not record machine sharing: %s", redact(f"{type(exc).__name__}: {exc}"))
+        return []
 
 
 def collect_outcomes(results, uri: str, sweep_id: str) -> list[dict]:

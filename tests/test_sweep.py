@@ -6,6 +6,7 @@ go through ``main(argv)`` in this process, and one through a real subprocess."""
 import hashlib
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import requests
 
@@ -64,6 +65,45 @@ def test_a_second_sweep_plans_the_same_and_skips_what_finished(quick_sweep, caps
     assert 0 < finished <= planned
     assert f"total: {planned} trials, {finished} already finished" in out, out
     assert "tiny-gqa" in out
+
+
+def test_a_narrower_sweep_at_another_workload_says_so_and_reuse_keeps_the_runs(quick_sweep, capsys, monkeypatch):
+    """After the session sweep (10 s budget: the smallest workloads), its baseline group without a
+    budget plans the profile's larger workload: every config hash differs. The sweep says it will
+    measure them again, and --reuse keeps the runs (dry runs: nothing starts)."""
+    for name, value in quick_sweep.env.items():
+        monkeypatch.setenv(name, value)
+    narrow = ["--models", "tiny-gqa,tiny-mha", "--groups", "baseline", "--budget", "none",
+              "--tracking-uri", quick_sweep.uri, "--dry-run"]
+    code, out, err = _main(narrow, capsys)
+    assert code == 0, err
+    assert "4 config(s) finished before at another workload (e.g. baseline tiny-" in out, out
+    assert "measuring them again at this sweep's workload; --reuse keeps those runs instead" in out
+    assert "total: 4 trials, 0 already finished" in out
+    code, out, err = _main([*narrow, "--reuse"], capsys)
+    assert code == 0 and "--reuse: keeping those runs, not measuring them again" in out, out + err
+    assert "total: 4 trials, 4 already finished" in out
+    code, out, err = _main([*narrow, "--reuse", "--rerun"], capsys)
+    assert code == 2 and "not allowed with argument" in err
+
+
+def test_each_run_says_what_shared_the_machine_during_its_timed_passes(quick_sweep):
+    """The session sweep ran 2 trials at a time: every run's timed window is logged, and the end of
+    the sweep tagged each with the other trials whose timed passes overlapped its own."""
+    from tracking.table import machine_sharing
+
+    frame = tracking.runs_frame(quick_sweep.uri, "baseline")
+    assert (frame["timed_end_unix"] > frame["timed_start_unix"]).all()
+    assert frame["tags.shared_machine"].notna().all() and frame["shared_machine_fraction"].between(0, 1).all()
+    for _, run in frame[frame["shared_machine_fraction"] > 0].iterrows():
+        assert "other trial(s) ran during" in run["tags.shared_machine"]
+    assert "Machine sharing: " in quick_sweep.done.stdout and "--workers 1 measures each trial alone" in quick_sweep.done.stdout
+    # the overlap arithmetic on windows chosen by hand: a ran 0-10, b 5-15 (same host), c 2-4 on another host
+    windows = pd.DataFrame({"run_id": ["a", "b", "c"], "timed_start_unix": [0.0, 5.0, 2.0],
+                            "timed_end_unix": [10.0, 15.0, 4.0], "tags.env.host": ["h", "h", "other"],
+                            "tags.group": ["g"] * 3, "tags.model": ["m"] * 3, "tags.stack": ["a", "b", "c"]})
+    shared = machine_sharing(windows)
+    assert shared["a"] == (0.5, 1, "g m b") and shared["b"] == (0.5, 1, "g m a") and shared["c"] == (0.0, 0, "")
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -113,22 +113,31 @@ def _mlflow_schema() -> tuple[str, frozenset[str], str]:
     return version("mlflow"), frozenset(r.revision for r in script.walk_revisions()), script.get_current_head()
 
 
+SCHEMA_SETTLE_S = 3.0     # an older schema revision that has not moved for this long is not being created
+
+
+def _revisions(path: Path) -> list[str] | None:
+    """The store's alembic revisions, read through a read-only connection (None: no MLflow schema
+    yet, or not a sqlite file: MLflow says what it finds)."""
+    import sqlite3
+    from contextlib import closing
+
+    try:
+        with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            return [row[0] for row in db.execute("SELECT version_num FROM alembic_version")]
+    except sqlite3.Error:
+        return None
+
+
 def check_schema(uri: str) -> None:
     """``TrackingError`` (one line) where a sqlite store's schema is not the one this mlflow writes: a
     newer MLflow migrated it (this one cannot read it; its own advice, `mlflow db upgrade`, cannot
     help), or it is older than this mlflow (then upgrading helps). Read before MLflow opens the
     store, through a read-only connection: the file is never changed."""
-    import sqlite3
-    from contextlib import closing
-
     path = _sqlite_path(uri)
     if path is None or not path.is_file() or path.stat().st_size == 0:
         return
-    try:
-        with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
-            found = [row[0] for row in db.execute("SELECT version_num FROM alembic_version")]
-    except sqlite3.Error:            # no MLflow schema yet, or not a sqlite file: MLflow says what it finds
-        return
+    found = _revisions(path)
     mlflow_version, known, newest = _mlflow_schema()
     if not found or found == [newest]:
         return
@@ -140,6 +149,17 @@ def check_schema(uri: str) -> None:
             f"this tool's mlflow {mlflow_version} knows (its newest is {newest}), and this tool needs mlflow "
             f"{mlflow_version}; open that store with the newer mlflow that migrated it, or give --tracking-uri a "
             "copy made before it was migrated")
+    # An older revision: or another process is creating this store right now (MLflow migrates a new
+    # store step by step, e.g. a second sweep or a dashboard started beside this one): wait while the
+    # revision moves, and refuse only one that stands still.
+    still_since = time.monotonic()
+    while time.monotonic() - still_since < SCHEMA_SETTLE_S:
+        time.sleep(0.25)
+        now = _revisions(path)
+        if not now or now == [newest]:
+            return
+        if now != found:
+            found, still_since = now, time.monotonic()
     raise TrackingError(
         f"tracking store {shown} has schema revision {found[0]}, older than the one this tool's mlflow "
         f"{mlflow_version} reads ({newest}): back it up, then run `mlflow db upgrade {shown}` with mlflow "
@@ -211,6 +231,32 @@ def finished_hashes(uri: str, group: str) -> set[str]:
         token = page.token
         if not token:
             return hashes - {""}
+
+
+def finished_subjects(uri: str, group: str) -> dict[str, str]:
+    """``subject_hash`` -> the size of the latest FINISHED run of it in ``group``
+    (``TrialConfig.describe_size``): what the store measured, at whatever workload (runs logged
+    before the tag existed are not in it)."""
+    client = _client(uri)
+    experiment = client.get_experiment_by_name(group)
+    if experiment is None:
+        return {}
+    found, token = {}, None
+    while True:
+        page = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
+                                  max_results=1000, page_token=token, order_by=["attributes.start_time ASC"])
+        found.update({r.data.tags["subject_hash"]: _size(r.data.params) for r in page
+                      if r.data.tags.get("subject_hash")})
+        token = page.token
+        if not token:
+            return found
+
+
+def _size(params: dict) -> str:
+    """``TrialConfig.describe_size`` of a run, from its params."""
+    context = params.get("context_tokens", "0")
+    return (f"{params.get('max_new_tokens', '?')} new tokens x {params.get('prompts_per_type', '?')} prompt(s) per "
+            f"type x {params.get('repeats', '?')} repeats" + (f", context {context}" if context not in ("0", "") else ""))
 
 
 def _with_retry(fn):
@@ -289,7 +335,7 @@ def write_record(uri: str, record: dict) -> str:
     client = _client(uri)
     experiment_id = _experiment_id(client, config.group)
     tags = {"group": config.group, "model": config.model, "config_hash": config.config_hash,
-            "stack": config.stack.label, "sweep_id": record["sweep_id"], "trial_key": key, **data["tags"]}
+            "subject_hash": config.subject_hash, "stack": config.stack.label, "sweep_id": record["sweep_id"], "trial_key": key, **data["tags"]}
     if data.get("error"):
         tags["error"] = data["error"][:4000]
     now = int(time.time() * 1000)
@@ -306,6 +352,34 @@ def write_record(uri: str, record: dict) -> str:
         return run_id
 
     return _with_retry(write)
+
+
+def record_machine_sharing(uri: str, sweep_id: str) -> list[float]:
+    """Tag each run of the sweep with what shared its host during its timed passes (other trials'
+    timed passes, from any sweep on the store): metric ``shared_machine_fraction`` (0: it ran alone)
+    and tag ``shared_machine`` saying with how many and which. Returns the tagged runs' fractions."""
+    from mlflow.entities import Metric, RunTag
+
+    from tracking.table import machine_sharing
+
+    client = _client(uri)
+    frames = [runs_frame(uri, e.name) for e in client.search_experiments() if e.name in groups.implemented()]
+    frame = pd.concat([f for f in frames if not f.empty], ignore_index=True) if any(not f.empty for f in frames) \
+        else pd.DataFrame()
+    if frame.empty or "tags.sweep_id" not in frame:
+        return []
+    mine = set(frame.loc[frame["tags.sweep_id"] == sweep_id, "run_id"])
+    now = int(time.time() * 1000)
+    tagged = []
+    for run_id, (fraction, count, names) in machine_sharing(frame).items():
+        if run_id not in mine:
+            continue
+        text = ("ran alone" if count == 0 else
+                f"{count} other trial(s) ran during {fraction:.0%} of its timed passes: {names[:400]}")
+        _with_retry(lambda: client.log_batch(run_id, metrics=[Metric("shared_machine_fraction", fraction, now, 0)],
+                                             tags=[RunTag("shared_machine", text)]))
+        tagged.append(fraction)
+    return tagged
 
 
 def runs_frame(uri: str, group: str, status: str | None = "FINISHED") -> pd.DataFrame:

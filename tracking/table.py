@@ -215,3 +215,30 @@ class RunsCache:
     def finished_hashes(self, group: str) -> set[str]:
         frame = self.frame(group)
         return set(frame["tags.config_hash"].dropna()) - {""} if "tags.config_hash" in frame else set()
+
+
+def machine_sharing(frame: pd.DataFrame) -> dict[str, tuple[float, int, str]]:
+    """For each run with a timed window (metrics ``timed_start_unix``/``timed_end_unix``): the share
+    of its timed passes during which another run's timed passes ran on the same host, how many other
+    runs overlapped it, and their names (``group model stack``). Pure: reads the frame only."""
+    needed = {"run_id", "timed_start_unix", "timed_end_unix"}
+    if frame.empty or not needed <= set(frame.columns):
+        return {}
+    timed = frame.dropna(subset=["timed_start_unix", "timed_end_unix"])
+    host = timed["tags.env.host"] if "tags.env.host" in timed else pd.Series("", index=timed.index)
+    out = {}
+    for index, run in timed.iterrows():
+        start, end = float(run["timed_start_unix"]), float(run["timed_end_unix"])
+        others = timed[(timed["run_id"] != run["run_id"]) & (host == host[index])
+                       & (timed["timed_start_unix"] < end) & (timed["timed_end_unix"] > start)]
+        spans = sorted((max(start, float(a)), min(end, float(b)))
+                       for a, b in zip(others["timed_start_unix"], others["timed_end_unix"]))
+        covered, reach = 0.0, start
+        for a, b in spans:                       # the union of the overlaps
+            if b > reach:
+                covered += b - max(a, reach)
+                reach = b
+        names = [" ".join(str(other.get(k, "")) for k in ("tags.group", "tags.model", "tags.stack")).strip()
+                 for _, other in others.iterrows()]
+        out[run["run_id"]] = (covered / (end - start) if end > start else 0.0, len(others), "; ".join(names))
+    return out

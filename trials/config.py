@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from trials import groups
 from trials.engines import DEFAULT as DEFAULT_ENGINE
@@ -236,6 +236,20 @@ class TrialConfig:
             del data["declared"]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def subject_hash(self) -> str:
+        """``config_hash`` of the same trial at the default sizes (new tokens, prompts per type,
+        perplexity windows, repeats): equal for two configs that measure the same thing (group, model,
+        stack, device, seed, prompt set, context) at different sizes, so that a sweep can say a config
+        was measured before at another workload (``--reuse``)."""
+        sizes = Workload(prompt_set=self.workload.prompt_set, context_tokens=self.workload.context_tokens)
+        return replace(self, workload=sizes, repeats=TrialConfig.__dataclass_fields__["repeats"].default).config_hash
+
+    def describe_size(self) -> str:
+        w = self.workload
+        return (f"{w.max_new_tokens} new tokens x {w.prompts_per_type} prompt(s) per type x {self.repeats} repeats"
+                + (f", context {w.context_tokens}" if w.context_tokens else ""))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -133,6 +133,7 @@ class Measured:
     measured_s: float
     peak: PeakMemory
     energy: Energy = field(default_factory=Energy)
+    timed_window: tuple[float, float] = (0.0, 0.0)   # wall clock (unix s) of the timed passes
 
     def outputs(self) -> dict[str, list[int]]:
         """prompt id -> generated token ids (first repeat; greedy, so every repeat is the same)."""
@@ -160,9 +161,11 @@ def measure(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prom
         warmup_s = time.perf_counter() - started
         with track_peak_memory(config.device) as peak, measure_energy(config.device) as energy, \
                 probe or contextlib.nullcontext():
+            timed_from = time.time()
             records = [[generate_batch(loaded, b, config.workload.max_new_tokens, timer, generate_kwargs)
                         for b in batches] for _ in range(repeats or config.repeats)]
-    return Measured(records, warmup_s, time.perf_counter() - started, peak, energy)
+            timed_to = time.time()
+    return Measured(records, warmup_s, time.perf_counter() - started, peak, energy, (timed_from, timed_to))
 
 
 def compare_outputs(outputs: dict[str, list[int]], reference: dict[str, list[int]]) -> dict[str, float]:
@@ -196,6 +199,7 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: loading.LoadedModel, m
     energy, energy_tags = energy_metrics(measured.energy, measured.repeats)
     summary.update(energy)
     notes = {**notes, **energy_tags}
+    summary.update(timed_start_unix=measured.timed_window[0], timed_end_unix=measured.timed_window[1])
     summary.update(model_load_s=0.0 if loaded.from_cache else loaded.load_s,
                    model_from_cache=float(loaded.from_cache), warmup_s=measured.warmup_s,
                    measured_s=measured.measured_s)

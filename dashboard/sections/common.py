@@ -147,6 +147,7 @@ PROVENANCE = Hover(
     ("git", "git sha", lambda row: _short_sha(_value(row, "tags.env.git_sha")), "{}"),
     ("config", "config_hash", "tags.config_hash", "{}"),
     ("repeats", "repeats", "repeats", "{:.0f}"),
+    ("shared", "beside it", lambda row: _value(row, "tags.shared_machine") or "not recorded", "{}"),
     ("run", "run", "run_id", "{}"),             # the whole id: a click opens the run (assets/open_run.js)
 )
 PROVENANCE_HOVER = (PROVENANCE.lines()[:-len("<br>")]
