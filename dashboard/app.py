@@ -248,6 +248,11 @@ class RenderedSections:
                 continue
 
 
+def live_line(uri: str) -> str:
+    """The running sweep's line (``tracking.live``), empty when no sweep writes this store now."""
+    return tracking.describe_live(tracking.read_live(uri))
+
+
 def _refresh(runs: tracking.RunsCache, full: bool = False) -> None:
     try:
         runs.refresh(full=full)
@@ -278,6 +283,7 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
             html.Button("Reload data", id="reload", n_clicks=0,
                         title="read the whole store again (the page also picks up new runs on its own)"),
             dcc.Interval(id="refresh", interval=max(1, int(refresh_s * 1000)), disabled=refresh_s <= 0),
+            html.P(live_line(runs.uri), id="live", style=WARNING, hidden=not live_line(runs.uri)),
             dcc.Store(id="store-version", data=runs.version),
             html.Button("Export as one HTML file", id="export", n_clicks=0, style={"marginLeft": "0.5em"},
                         title="every chart and caption in one file that opens offline (dashboard/export.py)"),
@@ -288,6 +294,13 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
                   "fontFamily": "system-ui, sans-serif"})
 
     app.layout = layout
+
+    @app.callback(Output("live", "children"), Output("live", "hidden"), Input("refresh", "n_intervals"),
+                  prevent_initial_call=True)
+    def live(_ticks):
+        """What the sweep writing this store runs now (``tracking.live``), on every refresh tick."""
+        text = live_line(runs.uri)
+        return text, not text
 
     @app.callback(Output("sections", "children"), Output("store-version", "data"),
                   Input("reload", "n_clicks"), Input("refresh", "n_intervals"), State("store-version", "data"),

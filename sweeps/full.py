@@ -16,6 +16,7 @@ CPUs) -> print a summary, the time of each phase, and where to look.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -364,7 +365,7 @@ def first_run_hint(uri: str) -> str:
     default = uri == tracking.resolve_uri(None)
     command = "make dashboard" if default else f"python dashboard/app.py --tracking-uri {redact(uri)}"
     return (f"the store has its first run: in another terminal, `{command}` opens the dashboard on "
-            "http://127.0.0.1:8050; it follows this sweep, drawing each run as it finishes")
+            "http://127.0.0.1:8050; it follows this sweep, drawing each run as it finishes and saying what runs now")
 
 
 def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: str,
@@ -391,7 +392,8 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers),
         run_config=tune.RunConfig(name=sweep_id, storage_path=args.storage_path, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=args.max_failures),
-                                  callbacks=[ProgressPrinter(len(configs), estimate_s, first_run_hint(uri))]),
+                                  callbacks=[ProgressPrinter(len(configs), estimate_s, first_run_hint(uri),
+                                                             functools.partial(tracking.write_live, uri, sweep_id))]),
     )
     return tuner.fit()
 

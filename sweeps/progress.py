@@ -14,8 +14,11 @@ HEARTBEAT_S = 30.0
 
 
 class ProgressPrinter(Callback):
-    def __init__(self, total: int, estimate_s: float | None = None, first_run_hint: str = "") -> None:
+    def __init__(self, total: int, estimate_s: float | None = None, first_run_hint: str = "",
+                 on_change=None) -> None:
         self.total = total
+        self.on_change = on_change            # called with (running: name -> unix start, done, total)
+        self.since: dict[str, float] = {}     # trial name -> unix start, for on_change
         self.estimate_s = estimate_s          # the budget's estimate of the whole sweep, if any
         self.first_run_hint = first_run_hint  # said once, when the store has its first finished run
         self.done = 0
@@ -31,6 +34,9 @@ class ProgressPrinter(Callback):
     def _print(self, line: str) -> None:
         self.last_line = time.perf_counter()
         print(f"[{self._elapsed()}] {line}", flush=True)
+        if self.on_change is not None:
+            self.since = {name: self.since.get(name, time.time()) for name in self.running}
+            self.on_change(dict(self.since), self.done, self.total)
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.running[self._name(trial)] = time.perf_counter()

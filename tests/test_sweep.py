@@ -4,6 +4,7 @@ The session's quick sweep (tests/conftest.py: ``quick_sweep``) is the run under 
 go through ``main(argv)`` in this process, and one through a real subprocess."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -51,6 +52,10 @@ def test_sweep_writes_finished_runs(quick_sweep):
     raw = tracking.read_trial_artifact(uri, frame["run_id"].iloc[0])
     assert raw["raw"]["outputs"] and raw["raw"]["repeats"]
     assert "mlflow ui --backend-store-uri" in out and "dashboard/app.py" in out
+    assert "the store has its first run: in another terminal" in out
+    # what the dashboard showed while the sweep ran (tracking.live): its last state, every trial done
+    live = json.loads((quick_sweep.folder / "sweep-live.json").read_text())
+    assert live["done"] == live["total"] > 0 and live["running"] == {}
 
 
 def test_a_second_sweep_plans_the_same_and_skips_what_finished(quick_sweep, capsys, monkeypatch):

@@ -128,3 +128,24 @@ def test_the_runs_cache_picks_up_a_run_that_ends_later(uri):
     assert not cache.refresh() and cache.count() == 0
     client.set_terminated(run.info.run_id, "FINISHED")
     assert cache.refresh() and list(cache.frame("baseline")["tok_per_s"]) == [5.0]
+
+
+def test_a_running_sweep_says_what_runs_now_beside_a_sqlite_store(tmp_path):
+    """The driver's status file (tracking.live): written atomically beside the store, read while
+    fresh, gone from the page once the sweep is done or silent past FRESH_S; a server store has none."""
+    import time
+
+    from dashboard.app import live_line
+    from tracking import live
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert live_line(uri) == ""                                           # no sweep ever wrote here
+    now = time.time()
+    tracking.write_live(uri, "sweep-1", {"baseline tiny-gqa fp32": now - 12}, 3, 10)
+    line = live_line(uri)
+    assert line.startswith("Sweep sweep-1 is running: 3/10 trials done; now: baseline tiny-gqa fp32 (1")
+    assert live.read_live(uri, now=now + live.FRESH_S + 1) is None          # a killed sweep goes quiet
+    tracking.write_live(uri, "sweep-1", {}, 10, 10)
+    assert live_line(uri) == ""                                           # done
+    assert live.live_path("http://127.0.0.1:5000") is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep-live.json"]   # no temporary left behind
