@@ -22,10 +22,10 @@ divergence, not loss; it is shown, and is a limit only when asked (``min_token_m
 
 * ``max_kl`` = 0.02 nats per token and ``max_perplexity_increase`` = 2 %. On this project's main-job
   stores (2026-12-05, SmolLM2-135M, Gemma-3-270M, the zoo), every stack users call near-lossless lies
-  far below: bf16 <= 0.0013, 8-bit KV <= 0.0025, llama.cpp Q8_0 <= 0.0057, the shipped Q4_1/Q4_K_M
-  <= 0.0054 (perplexity within +0.9 %); every stack that visibly degrades lies far above: a 4-bit KV
-  cache 0.021-0.11 (perplexity +4-13 % on llama.cpp), NF4 0.13-0.43 (+31-49 %), llama.cpp Q4_0
-  0.32-0.35 (+21-42 %), a 2-bit KV cache up to 2.0. The limits sit in that gap, so every model gets
+  far below: bf16 <= 0.0014, 8-bit KV <= 0.0025, llama.cpp Q8_0 <= 0.0059, the shipped Q4_1/Q4_K_M
+  <= 0.0058 (perplexity within +0.9 %); every stack that visibly degrades lies far above: a 4-bit KV
+  cache 0.021-0.11 (perplexity +3-16 % on llama.cpp), NF4 0.13-0.54 (+30-61 %), llama.cpp Q4_0
+  0.32-0.36 (+10-42 %), a 2-bit KV cache up to 2.0. The limits sit in that gap, so every model gets
   a recommendation and a harmful stack is refused.
 
 A stack without its own scores is not assumed good: it is "quality not measured" and fails the
