@@ -271,6 +271,7 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
 
     def layout() -> html.Div:
         _refresh(runs)          # only the runs that ended since the last read: cheap, and never stale
+        running_now = live_line(runs.uri)
         return html.Div([
             html.H1(PAGE_TITLE),
             html.P(["Each chart group is one MLflow experiment; each bar, one configuration's most "
@@ -283,7 +284,7 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
             html.Button("Reload data", id="reload", n_clicks=0,
                         title="read the whole store again (the page also picks up new runs on its own)"),
             dcc.Interval(id="refresh", interval=max(1, int(refresh_s * 1000)), disabled=refresh_s <= 0),
-            html.P(live_line(runs.uri), id="live", style=WARNING, hidden=not live_line(runs.uri)),
+            html.P(running_now, id="live", style=WARNING, hidden=not running_now),
             dcc.Store(id="store-version", data=runs.version),
             html.Button("Export as one HTML file", id="export", n_clicks=0, style={"marginLeft": "0.5em"},
                         title="every chart and caption in one file that opens offline (dashboard/export.py)"),

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 
 from trials.config import Stack, TrialConfig, Workload
+from trials.engines import DEFAULT as DEFAULT_ENGINE
 from trials.engines.transformers.arguments import as_code, stack_arguments
 from trials.measurement.latency import MIN_SAMPLES_P95
 from trials.measurement.cost import usd_per_million_tokens
@@ -146,8 +147,9 @@ class Quality:
 
 
 def engine(row: pd.Series) -> str:
+    """The run's engine (runs from before the param existed ran on the default one)."""
     value = row.get("engine")
-    return value if isinstance(value, str) and value else "transformers"
+    return value if isinstance(value, str) and value else DEFAULT_ENGINE
 
 
 def _sibling_key(row: pd.Series) -> tuple:
@@ -165,7 +167,7 @@ def quality(row: pd.Series, rows: pd.DataFrame) -> Quality:
         return Quality(kl, ratio)
     reference = str(row.get("tags.reference_precision") or "")
     kv_bits = _num(row, "kv_bits")
-    if row.get("precision") == reference and (kv_bits == 16 or math.isnan(kv_bits)) and engine(row) == "transformers":
+    if row.get("precision") == reference and (kv_bits == 16 or math.isnan(kv_bits)) and engine(row) == DEFAULT_ENGINE:
         return Quality(0.0, 1.0, "the reference precision itself")
     if str(row.get("speculation", "none")) not in ("none", "", "nan"):
         same = rows[(rows["model"] == row["model"]) & (rows["speculation"].astype(str) == "none")]
@@ -205,28 +207,46 @@ def cost(row: pd.Series, limits: Limits) -> float:
     return usd_per_million_tokens(price, tok) if price and price == price and tok > 0 else math.nan
 
 
-def misses(row: pd.Series, rows: pd.DataFrame, limits: Limits) -> list[str]:
-    """The limits this stack misses, each with its number (empty: within every limit)."""
+@dataclass(frozen=True)
+class Miss:
+    """One limit a stack misses: what to say, and how far past the limit it is (measured / limit, a
+    minimum's limit / measured; inf: not measured), so that the closest stack can be chosen."""
+
+    text: str
+    excess: float
+
+
+def _past(measured: float, bound: float) -> float:
+    return measured / bound if bound > 0 else math.inf
+
+
+def _misses(row: pd.Series, rows: pd.DataFrame, limits: Limits) -> list[Miss]:
     found = []
     q = quality(row, rows)
     if (limits.max_kl is not None or limits.max_perplexity_increase is not None) and not q.measured:
-        found.append("quality not measured (no teacher-forced scores)")
+        found.append(Miss("quality not measured (no teacher-forced scores)", math.inf))
     if limits.max_kl is not None and q.kl > limits.max_kl:
-        found.append(f"KL {q.kl:.4f} > {limits.max_kl:g}")
+        found.append(Miss(f"KL {q.kl:.4f} > {limits.max_kl:g}", _past(q.kl, limits.max_kl)))
     if limits.max_perplexity_increase is not None and q.perplexity_ratio > 1 + limits.max_perplexity_increase:
-        found.append(f"perplexity +{100 * (q.perplexity_ratio - 1):.1f} % > +{100 * limits.max_perplexity_increase:g} %")
+        found.append(Miss(f"perplexity +{100 * (q.perplexity_ratio - 1):.1f} % > +{100 * limits.max_perplexity_increase:g} %",
+                          _past(q.perplexity_ratio - 1, limits.max_perplexity_increase)))
     match = _num(row, "fidelity_token_match")
     if limits.min_token_match is not None and match < limits.min_token_match:
-        found.append(f"token match {match:.3f} < {limits.min_token_match:g}")
+        found.append(Miss(f"token match {match:.3f} < {limits.min_token_match:g}", _past(limits.min_token_match, match)))
     for metric, bound, label in (("ttft_s", limits.max_ttft_s, "TTFT"), ("tpot_s", limits.max_tpot_s, "TPOT")):
         if bound is None:
             continue
         tail = latency(row, metric)
         if tail is None:
-            found.append(f"{label} not measured")
+            found.append(Miss(f"{label} not measured", math.inf))
         elif tail.value > bound:
-            found.append(f"{label} {seconds(tail.value)} ({tail.how}) > {seconds(bound)}")
+            found.append(Miss(f"{label} {seconds(tail.value)} ({tail.how}) > {seconds(bound)}", _past(tail.value, bound)))
     return found
+
+
+def misses(row: pd.Series, rows: pd.DataFrame, limits: Limits) -> list[str]:
+    """The limits this stack misses, each with its number (empty: within every limit)."""
+    return [m.text for m in _misses(row, rows, limits)]
 
 
 # ------------------------------------------------------------------------------ reproducing a run
@@ -363,14 +383,14 @@ def _runner_up(role: str, best: pd.Series, nxt: pd.Series | None, limits: Limits
     return f"{nxt['name']} at {_speed(nxt)}; {verdict}"
 
 
-def _excluded(best: pd.Series | None, every: pd.DataFrame, rows: pd.DataFrame, limits: Limits,
-              shown: int = 3) -> str:
-    """The stacks ranked above the pick in its role that the limits excluded, each with what it misses."""
+def _excluded(best: pd.Series | None, every: pd.DataFrame, found: dict, shown: int = 3) -> str:
+    """The stacks ranked above the pick in its role that the limits excluded, each with what it misses
+    (``found``: row index -> its misses)."""
     above = []
-    for _, row in every.iterrows():
+    for index, row in every.iterrows():
         if best is not None and row["name"] == best["name"]:
             break
-        above.append(f"{row['name']} ({'; '.join(misses(row, rows, limits))})")
+        above.append(f"{row['name']} ({'; '.join(m.text for m in found[index])})")
     more = f"; and {len(above) - shown} more" if len(above) > shown else ""
     return "; ".join(above[:shown]) + more
 
@@ -380,7 +400,8 @@ def decide_model(rows: pd.DataFrame, model: str, limits: Limits = DEFAULT_LIMITS
     """The decision for one model from its latest finished stacks (``latest_rows``)."""
     mine = rows[rows["model"] == model]
     decision = Decision(model, limits, mine, failed=failed)
-    ok = mine[[not misses(r, mine, limits) for _, r in mine.iterrows()]] if len(mine) else mine
+    found = {index: _misses(row, mine, limits) for index, row in mine.iterrows()}    # each row's, once
+    ok = mine[[not found[index] for index in mine.index]]
     notes = []
     for role in OBJECTIVES:
         if role == "cost" and limits.price_per_hour_usd is None and "price_per_hour_usd" not in mine:
@@ -394,27 +415,12 @@ def decide_model(rows: pd.DataFrame, model: str, limits: Limits = DEFAULT_LIMITS
             continue
         best = within.iloc[0]
         decision.picks.append(Pick(role, best, _runner_up(role, best, within.iloc[1] if len(within) > 1 else None, limits),
-                                   _excluded(best, every, mine, limits)))
-    if ok.empty and not mine.empty:
-        scored = [(len(m), _worst(m), r) for _, r in mine.iterrows() for m in [misses(r, mine, limits)]]
-        count, _, row = min(scored, key=lambda t: (t[0], t[1]))
-        decision.closest = (row, misses(row, mine, limits))
+                                   _excluded(best, every, found)))
+    if ok.empty and not mine.empty:      # the closest: fewest limits missed, then the least far past them
+        index = min(found, key=lambda i: (len(found[i]), max(m.excess for m in found[i])))
+        decision.closest = (mine.loc[index], [m.text for m in found[index]])
     decision.note = "; ".join(notes)
     return decision
-
-
-def _worst(found: list[str]) -> float:
-    """How far a miss list is from passing: the largest measured/limit ratio it names (unmeasured: inf)."""
-    worst = 0.0
-    for text in found:
-        numbers = [float(n) for n in re.findall(r"[-+]?\d+(?:\.\d+)?", re.sub(r"\([^)]*\)", "", text))]
-        if "not measured" in text or len(numbers) < 2:
-            return math.inf
-        measured, bound = numbers[-2], numbers[-1]
-        ratio = (bound / measured if measured > 0 else math.inf) if "<" in text else \
-            (measured / bound if bound > 0 else math.inf)
-        worst = max(worst, ratio)
-    return worst
 
 
 def decide(frame: pd.DataFrame, limits: Limits = DEFAULT_LIMITS, models: list[str] | None = None) -> list[Decision]:

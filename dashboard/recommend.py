@@ -22,20 +22,11 @@ import sys
 import tracking
 from dashboard.decision import (DEFAULT_LIMITS, OBJECTIVES, ROLES, Decision, Limits, as_dict, decide, facts,
                                 parse_latency, parse_nonnegative, parse_percent, reproduce)
-from trials.errors import ConfigError, one_line_errors
+from trials.errors import ConfigError, argument_type, one_line_errors
 from trials.measurement.cost import parse_price_per_hour
 from trials.redaction import redact
 
 PROG = "llm-recommend"
-
-
-def _type(parse, *extra):
-    def convert(text: str):
-        try:
-            return parse(text, *extra)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return convert
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,22 +40,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--objective", choices=OBJECTIVES, default="speed",
                         help="which pick comes first as the recommendation: " +
                              "; ".join(f"{k}: {v}" for k, v in ROLES.items()) + " (default: speed)")
-    parser.add_argument("--max-kl", type=_type(parse_nonnegative, "--max-kl"), default=DEFAULT_LIMITS.max_kl,
+    parser.add_argument("--max-kl", type=argument_type(parse_nonnegative, "--max-kl"), default=DEFAULT_LIMITS.max_kl,
                         metavar="NATS", help="teacher-forced KL divergence against the model's reference precision, "
                                              f"nats per token (default {DEFAULT_LIMITS.max_kl:g})")
-    parser.add_argument("--max-perplexity-increase", type=_type(parse_percent),
+    parser.add_argument("--max-perplexity-increase", type=argument_type(parse_percent),
                         default=DEFAULT_LIMITS.max_perplexity_increase, metavar="PERCENT",
                         help="perplexity increase against the reference precision, where measured, e.g. 2%% "
                              f"(default {100 * DEFAULT_LIMITS.max_perplexity_increase:g}%%)")
-    parser.add_argument("--min-token-match", type=_type(parse_nonnegative, "--min-token-match"), default=None,
+    parser.add_argument("--min-token-match", type=argument_type(parse_nonnegative, "--min-token-match"), default=None,
                         metavar="SHARE", help="also require this share of greedy tokens equal to the reference's "
                                               "(default: shown, not a limit: greedy text drifts at KL ~0.001)")
-    parser.add_argument("--max-ttft", type=_type(parse_latency), default=None, metavar="LATENCY",
+    parser.add_argument("--max-ttft", type=argument_type(parse_latency), default=None, metavar="LATENCY",
                         help="time to first token per request, e.g. 200ms (checked at the p95 where a run has "
                              "20 requests or more, else at the largest)")
-    parser.add_argument("--max-tpot", type=_type(parse_latency), default=None, metavar="LATENCY",
+    parser.add_argument("--max-tpot", type=argument_type(parse_latency), default=None, metavar="LATENCY",
                         help="time per output token per request, e.g. 50ms (p95 or largest, as --max-ttft)")
-    parser.add_argument("--price-per-hour", type=_type(parse_price_per_hour), default=None, metavar="USD",
+    parser.add_argument("--price-per-hour", type=argument_type(parse_price_per_hour), default=None, metavar="USD",
                         help="the machine's price in US dollars per hour: adds $/1M output tokens and the "
                              "cheapest pick (default: the price each run logged, if any)")
     parser.add_argument("--no-quality-limit", action="store_true",

@@ -33,7 +33,7 @@ from sweeps.sizing import builtin_profile_names
 from sweeps.sweepfile import profiles
 from trials import groups
 from trials.config import TrialConfig, parse_memory_budget
-from trials.errors import ConfigError, one_line_errors, positive_int
+from trials.errors import ConfigError, argument_type, one_line_errors, positive_int
 from trials.measurement.cost import parse_price_per_hour
 from trials.redaction import redact
 from trials.models import pypi, zoo
@@ -53,20 +53,6 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def _memory_budget(text: str) -> int:
-    try:
-        return parse_memory_budget(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _price(text: str) -> float:
-    try:
-        return parse_price_per_hour(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _budget(text: str) -> str:
@@ -112,11 +98,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="CPUs (and torch threads) per trial on CPU-only clusters (default: 1)")
     parser.add_argument("--storage-path", default=str(RAY_RESULTS),
                         help="Ray Tune's own results folder; must be shared storage on multi-node clusters")
-    parser.add_argument("--memory-budget", type=_memory_budget, default=None, metavar="SIZE",
+    parser.add_argument("--memory-budget", type=argument_type(parse_memory_budget), default=None, metavar="SIZE",
                         help="emulate a device with this much memory, e.g. 2GiB or 512MiB: a trial of "
                              "any group whose measured peak exceeds it is a FAILED run with reason 'oom' "
                              "(the batching group also refuses by its predicted peak, and ends the ladder)")
-    parser.add_argument("--price-per-hour", type=_price, default=None, metavar="USD",
+    parser.add_argument("--price-per-hour", type=argument_type(parse_price_per_hour), default=None, metavar="USD",
                         help="what this machine (one trial's share of it: its worker) costs per hour, in US "
                              "dollars: every run then logs $/1M output tokens beside its throughput "
                              "(metric usd_per_million_output_tokens; default: no price, no cost)")

@@ -18,12 +18,11 @@ class ProgressPrinter(Callback):
                  on_change=None) -> None:
         self.total = total
         self.on_change = on_change            # called with (running: name -> unix start, done, total)
-        self.since: dict[str, float] = {}     # trial name -> unix start, for on_change
         self.estimate_s = estimate_s          # the budget's estimate of the whole sweep, if any
         self.first_run_hint = first_run_hint  # said once, when the store has its first finished run
         self.done = 0
         self.started = self.last_line = time.perf_counter()
-        self.running: dict[str, float] = {}   # trial name -> start time
+        self.running: dict[str, float] = {}   # trial name -> start (unix seconds)
 
     def _name(self, trial) -> str:
         """``group model stack-label [ctxN]``, e.g. ``kv_cache zoo-gqa bf16+kv4-hqq ctx2048``."""
@@ -35,11 +34,10 @@ class ProgressPrinter(Callback):
         self.last_line = time.perf_counter()
         print(f"[{self._elapsed()}] {line}", flush=True)
         if self.on_change is not None:
-            self.since = {name: self.since.get(name, time.time()) for name in self.running}
-            self.on_change(dict(self.since), self.done, self.total)
+            self.on_change(dict(self.running), self.done, self.total)
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self.running[self._name(trial)] = time.perf_counter()
+        self.running[self._name(trial)] = time.time()
         self._print(f"start  {self._name(trial)}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -63,7 +61,7 @@ class ProgressPrinter(Callback):
         now = time.perf_counter()
         if now - self.last_line < HEARTBEAT_S:
             return
-        running = ", ".join(f"{name} ({now - t0:.0f} s)" for name, t0 in self.running.items()) or "starting"
+        running = ", ".join(f"{name} ({time.time() - t0:.0f} s)" for name, t0 in self.running.items()) or "starting"
         self._print(f"{self.done}/{self.total} done · running: {running} · {self._time_left(now)}")
 
     def _time_left(self, now: float) -> str:

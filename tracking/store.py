@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from tracking import spool
-from trials.config import TrialConfig
+from trials.config import TrialConfig, size_text
 from trials.redaction import redact
 from trials import groups
 
@@ -217,46 +217,35 @@ def _experiment_id(client, group: str) -> str:
     return experiment.experiment_id
 
 
-def finished_hashes(uri: str, group: str) -> set[str]:
-    """``config_hash`` of every FINISHED run of ``group``: those configs need not run again."""
+def _finished_runs(uri: str, group: str):
+    """Every FINISHED run of ``group``, oldest first, page by page (none: the group has no experiment)."""
     client = _client(uri)
     experiment = client.get_experiment_by_name(group)
     if experiment is None:
-        return set()
-    hashes, token = set(), None
+        return
+    token = None
     while True:
         page = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
-                                  max_results=1000, page_token=token)
-        hashes.update(r.data.tags.get("config_hash", "") for r in page)
+                                  max_results=1000, page_token=token, order_by=["attributes.start_time ASC"])
+        yield from page
         token = page.token
         if not token:
-            return hashes - {""}
+            return
+
+
+def finished_hashes(uri: str, group: str) -> set[str]:
+    """``config_hash`` of every FINISHED run of ``group``: those configs need not run again."""
+    return {r.data.tags.get("config_hash", "") for r in _finished_runs(uri, group)} - {""}
 
 
 def finished_subjects(uri: str, group: str) -> dict[str, str]:
     """``subject_hash`` -> the size of the latest FINISHED run of it in ``group``
     (``TrialConfig.describe_size``): what the store measured, at whatever workload (runs logged
     before the tag existed are not in it)."""
-    client = _client(uri)
-    experiment = client.get_experiment_by_name(group)
-    if experiment is None:
-        return {}
-    found, token = {}, None
-    while True:
-        page = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
-                                  max_results=1000, page_token=token, order_by=["attributes.start_time ASC"])
-        found.update({r.data.tags["subject_hash"]: _size(r.data.params) for r in page
-                      if r.data.tags.get("subject_hash")})
-        token = page.token
-        if not token:
-            return found
-
-
-def _size(params: dict) -> str:
-    """``TrialConfig.describe_size`` of a run, from its params."""
-    context = params.get("context_tokens", "0")
-    return (f"{params.get('max_new_tokens', '?')} new tokens x {params.get('prompts_per_type', '?')} prompt(s) per "
-            f"type x {params.get('repeats', '?')} repeats" + (f", context {context}" if context not in ("0", "") else ""))
+    return {r.data.tags["subject_hash"]: size_text(*(r.data.params.get(k, "?") for k in
+                                                     ("max_new_tokens", "prompts_per_type", "repeats")),
+                                                   r.data.params.get("context_tokens", "0"))
+            for r in _finished_runs(uri, group) if r.data.tags.get("subject_hash")}
 
 
 def _with_retry(fn):
@@ -363,9 +352,9 @@ def record_machine_sharing(uri: str, sweep_id: str) -> list[float]:
     from tracking.table import machine_sharing
 
     client = _client(uri)
-    frames = [runs_frame(uri, e.name) for e in client.search_experiments() if e.name in groups.implemented()]
-    frame = pd.concat([f for f in frames if not f.empty], ignore_index=True) if any(not f.empty for f in frames) \
-        else pd.DataFrame()
+    frames = [f for e in client.search_experiments() if e.name in groups.implemented()
+              for f in [runs_frame(uri, e.name)] if not f.empty]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if frame.empty or "tags.sweep_id" not in frame:
         return []
     mine = set(frame.loc[frame["tags.sweep_id"] == sweep_id, "run_id"])

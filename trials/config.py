@@ -248,8 +248,7 @@ class TrialConfig:
 
     def describe_size(self) -> str:
         w = self.workload
-        return (f"{w.max_new_tokens} new tokens x {w.prompts_per_type} prompt(s) per type x {self.repeats} repeats"
-                + (f", context {w.context_tokens}" if w.context_tokens else ""))
+        return size_text(w.max_new_tokens, w.prompts_per_type, self.repeats, w.context_tokens)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -275,6 +274,12 @@ class TrialConfig:
         if self.declared:                  # what rebuilds the config in another process
             flat["declared_models"] = json.dumps([asdict(e) for e in self.declared], sort_keys=True)
         return {k: "" if v is None else str(v) for k, v in flat.items()}
+
+
+def size_text(max_new_tokens, prompts_per_type, repeats, context_tokens) -> str:
+    """A trial's size in words (``TrialConfig.describe_size``; a run's, from its params)."""
+    context = f", context {context_tokens}" if context_tokens not in (0, "0", "", None) else ""
+    return f"{max_new_tokens} new tokens x {prompts_per_type} prompt(s) per type x {repeats} repeats{context}"
 
 
 def _build(cls, data: dict, **extra):

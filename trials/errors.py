@@ -27,6 +27,19 @@ def one_line_errors(prog: str):
     return wrap
 
 
+def argument_type(parse, *extra):
+    """An argparse type from a parser that raises ValueError (ConfigError is one) with a one-line
+    message: that message becomes argparse's own error line. ``extra``: more arguments for ``parse``."""
+    import argparse
+
+    def convert(text: str):
+        try:
+            return parse(text, *extra)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1 (a count of workers, CPUs, threads), else argparse's one line."""
     import argparse

@@ -39,8 +39,9 @@ RUN_STATUS = None                     # FAILED combinations are named, not hidde
 DECIDES = True                        # the decision (dashboard.decision, llm-recommend) reads this group
 OVERVIEW_ID = "stacks-overview"
 FRONTIER_ID, EFFECTS_ID, CARD_ID = "stacks-frontier", "stacks-effects", "stacks-best"
-# The best-stack card's limits, typed beside the model selector (an empty box: no limit); the
-# defaults are the decision's (``dashboard.decision.Limits``, justified there from measured stores)
+# The best-stack card's limits, typed beside the model selector (an emptied box: its default; a
+# negative value, or a box without a default left empty: no limit); the defaults are the decision's
+# (``dashboard.decision.Limits``, justified there from measured stores)
 DEEP_DIVE_CONTROLS = {
     "max_kl": ("max KL (nats)", DEFAULT_LIMITS.max_kl, 0.01),
     "max_ppl_pct": ("max perplexity increase %", 100 * DEFAULT_LIMITS.max_perplexity_increase, 0.5),
