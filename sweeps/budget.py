@@ -16,6 +16,12 @@ makes once), and when the total exceeds ``--budget`` shrinks the workloads (``fi
   most ``emulated_cap_s``, so that the bar stays on the chart, measured honestly, without taking
   the budget of the rest. Their runs carry ``precision_native=False``.
 
+In stages: the trials whose models need no build (real models, converted in seconds; a user's own)
+start while the zoo trains (``sweeps.zoo_beside``), so they are fitted first, to the budget's share by
+trial count (``first_stage_budget``), and the zoo's trials, fitted once the zoo is built and
+calibrated, get what the first stage's estimate leaves (``later_stage_budget``). Always in these
+stages, built zoo or not, so the same machine always plans the same configs.
+
 Calibrations are cached per machine (``~/.cache/llm-inference-sweeps/calibration.json``, or
 ``$LLM_SWEEPS_CALIBRATION``; keyed by CPU, torch version, threads and the model's identity), so a
 second ``make run`` plans the same configs (same ``config_hash``) and skips finished ones instead of
@@ -383,6 +389,21 @@ def fit(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost], budg
         if total / max(1, workers) <= budget_s or level == len(LEVELS) - 1:
             return Fit(shrunk, level, total, unscaled, budget_s, emulated)
     raise AssertionError("unreachable")
+
+
+def first_stage_budget(budget_s: float | None, first: int, total: int) -> float | None:
+    """The first stage's wall time: the budget's share by trial count (all of it for one stage)."""
+    if budget_s is None or total == 0:
+        return budget_s
+    return budget_s * first / total
+
+
+def later_stage_budget(budget_s: float | None, first: Fit | None, workers: int) -> float | None:
+    """What the first stage's estimate left of the budget (at least a second: the floors then)."""
+    if budget_s is None:
+        return None
+    used = first.estimate_s / max(1, workers) if first is not None else 0.0
+    return max(1.0, budget_s - used)
 
 
 def parse_budget(text: str) -> float | None:

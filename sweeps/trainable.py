@@ -5,8 +5,9 @@ granted CPUs (two trials sharing a machine must not fight over cores, or each sl
 numbers), runs the measurement loop, and logs the run to MLflow itself, so a result is stored the
 moment it exists and survives a driver that dies. A trial that raises is recorded as a FAILED run
 with its one-line reason and reported to Tune as an ordinary result: one bad trial never stops the
-sweep. A worker that dies mid-trial (SIGKILL) reports nothing; Tune retries the trial
-(``--max-failures``), and the retry logs the dead attempt as a FAILED run that says so.
+sweep. While the sweep trains the zoo beside the trials, each trial pins its worker to the cores the
+training does not hold (``sweeps.cpus``; tag ``cpu_affinity``). A worker that dies mid-trial
+(SIGKILL) reports nothing; Tune retries the trial (``--max-failures``), and the retry logs the dead attempt as a FAILED run that says so.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ray
 from ray import tune
 
 import tracking
+from sweeps import cpus
 from trials.config import Runtime, TrialConfig
 from trials.loop import failed_result
 from trials.run import run_trial
@@ -47,6 +49,7 @@ def record_attempt() -> int:
 def run_in_worker(params: dict) -> None:
     logging.basicConfig(level=logging.WARNING)
     config = TrialConfig.from_dict(params["trial"])
+    affinity = cpus.pin_trial(params.get("reservation_path"), params.get("machine_cpus"))
     attempt = record_attempt()
     if attempt > 1:   # the attempts before this one died without a word: say so in the store
         died = failed_result(config, RuntimeError(
@@ -63,7 +66,8 @@ def run_in_worker(params: dict) -> None:
         result = failed_result(config, exc)
     context = ray.get_runtime_context()
     result.tags.update({"ray.node_id": context.get_node_id(), "ray.node_ip": ray.util.get_node_ip_address(),
-                        "attempt": str(attempt), "profile": params.get("profile", "")})
+                        "attempt": str(attempt), "profile": params.get("profile", ""),
+                        "cpu_affinity": affinity})
     run_id = tracking.log_trial(params["tracking_uri"], result, sweep_id=params["sweep_id"])
     tune.report({
         "trial_status": result.status, "error": result.error, "run_id": run_id, "spooled": not run_id,

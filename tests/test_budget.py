@@ -124,3 +124,16 @@ def test_the_calibration_table_keeps_its_columns_for_long_model_names():
     header, *rows = table.splitlines()
     column = header.index("precision")
     assert all(row[column:].startswith("fp32") and row[column - 1] == " " for row in rows), table
+
+
+def test_the_stages_share_the_budget_by_trial_count_and_the_zoo_gets_what_the_first_left():
+    """The trials that need no build get the budget's share by count; the zoo's what their estimate
+    left, at least a second (then the floors); no budget stays no budget."""
+    configs = _plan()
+    costs = _costs(configs)
+    assert budget.first_stage_budget(600.0, 30, 120) == 150.0
+    assert budget.first_stage_budget(600.0, 0, 120) == 0.0 and budget.first_stage_budget(None, 3, 9) is None
+    first = budget.fit(configs[:10], costs, budget_s=150.0, workers=2)
+    assert budget.later_stage_budget(600.0, first, 2) == pytest.approx(600.0 - first.estimate_s / 2)
+    assert budget.later_stage_budget(600.0, None, 2) == 600.0
+    assert budget.later_stage_budget(1.0, first, 2) == 1.0 and budget.later_stage_budget(None, first, 2) is None

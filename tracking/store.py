@@ -343,10 +343,11 @@ def write_record(uri: str, record: dict) -> str:
     return _with_retry(write)
 
 
-def record_machine_sharing(uri: str, sweep_id: str) -> list[float]:
+def record_machine_sharing(uri: str, sweep_id: str, beside=()) -> list[float]:
     """Tag each run of the sweep with what shared its host during its timed passes (other trials'
-    timed passes, from any sweep on the store): metric ``shared_machine_fraction`` (0: it ran alone)
-    and tag ``shared_machine`` saying with how many and which. Returns the tagged runs' fractions."""
+    timed passes, from any sweep on the store, and the ``beside`` windows: ``(start, end, host, what)``,
+    e.g. the sweep's zoo training): metric ``shared_machine_fraction`` (0: it ran alone) and tag
+    ``shared_machine`` saying with how many and which. Returns the tagged runs' fractions."""
     from mlflow.entities import Metric, RunTag
 
     from tracking.table import machine_sharing
@@ -360,11 +361,11 @@ def record_machine_sharing(uri: str, sweep_id: str) -> list[float]:
     mine = set(frame.loc[frame["tags.sweep_id"] == sweep_id, "run_id"])
     now = int(time.time() * 1000)
     tagged = []
-    for run_id, (fraction, count, names) in machine_sharing(frame).items():
+    for run_id, (fraction, count, names) in machine_sharing(frame, beside).items():
         if run_id not in mine:
             continue
         text = ("ran alone" if count == 0 else
-                f"{count} other trial(s) ran during {fraction:.0%} of its timed passes: {names[:400]}")
+                f"{count} other job(s) (trials, zoo training) ran during {fraction:.0%} of its timed passes: {names[:400]}")
         _with_retry(lambda: client.log_batch(run_id, metrics=[Metric("shared_machine_fraction", fraction, now, 0)],
                                              tags=[RunTag("shared_machine", text)]))
         tagged.append(fraction)

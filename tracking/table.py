@@ -217,10 +217,11 @@ class RunsCache:
         return set(frame["tags.config_hash"].dropna()) - {""} if "tags.config_hash" in frame else set()
 
 
-def machine_sharing(frame: pd.DataFrame) -> dict[str, tuple[float, int, str]]:
+def machine_sharing(frame: pd.DataFrame, beside=()) -> dict[str, tuple[float, int, str]]:
     """For each run with a timed window (metrics ``timed_start_unix``/``timed_end_unix``): the share
-    of its timed passes during which another run's timed passes ran on the same host, how many other
-    runs overlapped it, and their names (``group model stack``). Pure: reads the frame only."""
+    of its timed passes during which other work ran on the same host (another run's timed passes, or
+    one of ``beside``: ``(start, end, host, what)`` windows such as the sweep's zoo training), how many
+    overlapped it, and their names (``group model stack``, or ``what``). Pure: reads its arguments only."""
     needed = {"run_id", "timed_start_unix", "timed_end_unix"}
     if frame.empty or not needed <= set(frame.columns):
         return {}
@@ -231,14 +232,16 @@ def machine_sharing(frame: pd.DataFrame) -> dict[str, tuple[float, int, str]]:
         start, end = float(run["timed_start_unix"]), float(run["timed_end_unix"])
         others = timed[(timed["run_id"] != run["run_id"]) & (host == host[index])
                        & (timed["timed_start_unix"] < end) & (timed["timed_end_unix"] > start)]
-        spans = sorted((max(start, float(a)), min(end, float(b)))
-                       for a, b in zip(others["timed_start_unix"], others["timed_end_unix"]))
+        windows = [(float(a), float(b), " ".join(str(other.get(k, "")) for k in ("tags.group", "tags.model",
+                                                                              "tags.stack")).strip())
+                   for a, b, (_, other) in zip(others["timed_start_unix"], others["timed_end_unix"], others.iterrows())]
+        windows += [(float(a), float(b), what) for a, b, where, what in beside
+                    if where in ("", host[index]) and a < end and b > start]
         covered, reach = 0.0, start
-        for a, b in spans:                       # the union of the overlaps
+        for a, b in sorted((max(start, a), min(end, b)) for a, b, _ in windows):   # the union of the overlaps
             if b > reach:
                 covered += b - max(a, reach)
                 reach = b
-        names = [" ".join(str(other.get(k, "")) for k in ("tags.group", "tags.model", "tags.stack")).strip()
-                 for _, other in others.iterrows()]
-        out[run["run_id"]] = (covered / (end - start) if end > start else 0.0, len(others), "; ".join(names))
+        out[run["run_id"]] = (covered / (end - start) if end > start else 0.0, len(windows),
+                              "; ".join(name for _, _, name in windows))
     return out

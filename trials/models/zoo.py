@@ -30,7 +30,8 @@ Design choices:
   build is deterministic on one machine. The training precision is chosen per machine
   (``train_precision``): bf16 autocast where the CPU runs bf16 natively (2-3x faster than fp32
   there), fp32 where bf16 is emulated (AVX2-only CPUs, where bf16 is ~20x slower); the card
-  records which. Each model trains in its own spawned process with ``torch.set_num_threads(1)``;
+  records which. Each model trains in its own spawned process with ``torch.set_num_threads(1)``
+  (with one job, as beside a sweep's first trials, in the calling process, one after another);
   two run at once on a 2-core machine, with a progress line at least every 20 s. Step counts are
   sized so that the full set trains within 15 minutes in fp32 on a 2-core AVX2 CPU
   (``benchmarks/precision.py`` prints this CPU's fp32 vs bf16 step times).
@@ -668,6 +669,10 @@ def _run_training(names: list[str], jobs: int, precision: str) -> None:
     pending = list(names)
     workers = max(1, min(jobs, len(pending)))
     root, level = str(zoo_dir()), log.getEffectiveLevel()
+    if jobs == 1:                 # one at a time (beside a sweep's trials): here, in recipe order
+        for name in pending:
+            _train_in_worker(name, root, level, precision)
+        return
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers,
                                                 mp_context=multiprocessing.get_context("spawn")) as pool:
         running: dict[concurrent.futures.Future, str] = {}

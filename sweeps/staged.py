@@ -1,0 +1,49 @@
+"""Hand Ray Tune the trials that can run now, and the rest as soon as they can: one Tune run whose
+trials arrive in stages.
+
+A grid fixes every trial before the first starts, but a fresh machine cannot size the zoo's trials
+before the zoo is trained (their workloads come from its calibration). ``StagedSearcher`` gives
+Tune the first stage's trials in order, then asks ``later`` (a callable polled while Tune waits)
+for the next stage's, and says FINISHED when both are given out. Tune's own loop, resources,
+retries and callbacks stay as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from ray.tune.search import Searcher
+
+from trials.config import TrialConfig
+
+
+class StagedSearcher(Searcher):
+    def __init__(self, now: list[TrialConfig], later: Callable[[], list[TrialConfig] | None] | None = None):
+        super().__init__()
+        self.queue = list(now)
+        self.later = later            # None once its trials are queued (or there is no later stage)
+
+    def suggest(self, trial_id: str) -> dict | None:
+        if not self.queue and self.later is not None:
+            more = self.later()
+            if more is None:
+                return None           # not ready yet: Tune asks again
+            self.queue.extend(more)
+            self.later = None
+        if self.queue:
+            return {"trial": self.queue.pop(0).to_dict()}
+        return Searcher.FINISHED
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass                          # a sweep, not a search: results change nothing that follows
+
+    def save(self, checkpoint_path: str) -> None:
+        """What Tune's experiment checkpoint keeps: how many trials were still to be handed out (a
+        sweep restarts from the store, which skips finished configs, not from this)."""
+        Path(checkpoint_path).write_text(json.dumps({"queued": len(self.queue),
+                                                     "later_stage_pending": self.later is not None}))
+
+    def restore(self, checkpoint_path: str) -> None:
+        pass

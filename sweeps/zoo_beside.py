@@ -1,0 +1,93 @@
+"""Train the zoo beside the first trials: a Ray task on one reserved core, then its calibration.
+
+A fresh machine has no zoo, and training it takes minutes; the real models need only a conversion.
+So on local Ray the sweep starts this task first, runs the trials that need no zoo model meanwhile
+on the other cores, and plans the zoo's trials once the task returns their step costs
+(``sweeps.full``). The task holds one CPU in Ray's accounting (Ray starts no trial on it), pins
+itself and its training process to one core (``sweeps.cpus``: each trial pins itself to the others
+while the reservation lives), trains in one process, calibrates the zoo models on that same core,
+and returns the costs with its time window, so each run can say that zoo training ran beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from sweeps import cpus as cores
+
+
+@dataclass
+class Built:
+    """What the task returns: the zoo's step costs and when and where it trained."""
+
+    costs: dict = field(default_factory=dict)
+    started: float = 0.0          # unix seconds
+    built: float = 0.0            # training done, calibration starts
+    ended: float = 0.0
+    cpus: list[int] = field(default_factory=list)
+    host: str = ""
+    what: str = ""
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def build_and_calibrate(set_names: list[str], pairs: set, device: str, threads: int, cpus: list[int],
+                        reservation_path: str, what: str) -> Built:
+    from sweeps import budget
+    from trials.models import zoo
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("trials.models.zoo").setLevel(logging.INFO)
+    logging.getLogger("sweeps.budget").setLevel(logging.INFO)
+    started = time.time()
+    with cores.reservation(reservation_path, cpus, what):
+        for set_name in set_names:
+            zoo.build(set_name, jobs=1)
+        built = time.time()
+        costs = budget.calibrate(pairs, device, threads) if pairs else {}
+    return Built(costs, started, built, time.time(), list(cpus), socket.gethostname(), what)
+
+
+class ZooBeside:
+    """The driver's handle on the task: start it, ask whether it is done, the window it ran in."""
+
+    def __init__(self, set_names: list[str], pairs: set, device: str, threads: int, reservation_path: str):
+        machine = sorted(cores.current())
+        self.cpus = machine[-1:]                      # the last core; the trials get the others
+        self.what = f"zoo training ({', '.join(set_names)} set) on CPU {cores.describe(self.cpus)}"
+        self.path = reservation_path
+        self.started = time.time()
+        self.ref = build_and_calibrate.remote(set_names, pairs, device, threads, self.cpus, reservation_path,
+                                              self.what)
+        self.result: Built | None = None
+        self.error: str | None = None
+
+    def wait_until_reserved(self, timeout_s: float = 120.0) -> None:
+        """Until the task holds its core (so no trial starts there first) or has ended."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not cores.reserved(self.path):
+            if ray.wait([self.ref], timeout=0.2)[0]:
+                return
+
+    def done(self) -> bool:
+        """Whether the task has ended (then ``result`` or ``error`` says how)."""
+        if self.result is not None or self.error is not None:
+            return True
+        if not ray.wait([self.ref], timeout=0)[0]:
+            return False
+        try:
+            self.result = ray.get(self.ref)
+        except Exception as exc:      # the build's own error, raised in the task: said in one line
+            cause = getattr(exc, "cause", None) or exc
+            self.error = f"{type(cause).__name__}: {' '.join(str(cause).split())[:400]}"
+        return True
+
+    def window(self) -> tuple[float, float, str, str] | None:
+        """(start, end, host, what) of the training and its calibration, for the runs' machine-sharing tags."""
+        if self.result is None:
+            return None
+        return (self.result.started, self.result.ended, self.result.host, self.result.what)
