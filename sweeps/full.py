@@ -422,7 +422,8 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
     log.info("running %d trials%s, %d at a time, each with %s", len(configs),
              f" (then the zoo's {waiting})" if later is not None else "", workers, resources)
     printer = ProgressPrinter(len(configs) + waiting, estimate_s, first_run_hint(uri),
-                              functools.partial(tracking.write_live, uri, sweep_id))
+                              functools.partial(tracking.write_live, uri, sweep_id),
+                              watch=later.poll if later is not None else None)
     if job is not None:
         printer.running[job.what] = job.started      # said in the heartbeat and on the dashboard
     if later is not None:
@@ -432,6 +433,7 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
             printer.total = len(configs) + count
             if printer.estimate_s is not None and estimate_s is not None:
                 printer.estimate_s += estimate_s
+            printer.say(f"the zoo's {count} trial(s) queued after the others")
         later.on_ready = zoo_trials_known
     param_space = {"tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
                    "profile": chosen_profile(args, device).name,
@@ -562,46 +564,55 @@ def _start_ray(phases: Phases) -> None:
 
 
 class ZooStage:
-    """The zoo's trials, handed to Tune (``StagedSearcher``) once they can be sized: when the zoo's
-    build beside the first trials returns its step costs (at once where it was built before)."""
+    """The zoo's trials, sized as soon as the zoo's build beside the first trials returns its step
+    costs (at once where it was built before; ``poll``), and handed to Tune (``StagedSearcher``) after
+    the first stage's."""
 
     def __init__(self, trials, args, uri: str, device: str, workers: int, first, costs: dict, job, phases: Phases):
         self.trials, self.args, self.uri, self.device, self.workers = trials, args, uri, device, workers
         self.first, self.costs, self.job, self.phases = first, costs, job, phases
         self.planned: list[TrialConfig] = _flat(trials)     # sized once the costs are here
+        self.pending: list[TrialConfig] | None = None        # what to run, once sized
         self.skipped: Counter = Counter()
         self.error: str | None = None
         self.fitted = None                                    # budget.Fit, once sized
         self.on_ready = None                                  # called with (trials to run, their estimate)
 
-    def ready(self) -> bool:
-        return self.job is None or self.job.done()
-
-    def __call__(self) -> list[TrialConfig] | None:
-        if not self.ready():
-            return None
+    def poll(self) -> bool:
+        """Whether the zoo's trials are sized; sizes them the first time the build is found done."""
+        if self.pending is not None:
+            return True
+        if self.job is not None and not self.job.done():
+            return False
         costs = dict(self.costs)
         if self.job is not None:
-            self.phases.zoo_s = time.time() - self.job.started
+            built = self.job.result
+            self.phases.zoo_s = (built.ended - built.started) if built else time.time() - self.job.started
             if self.job.error:
                 self.error = f"the zoo's build failed, so its {len(self.planned)} trial(s) did not run: {self.job.error}"
                 print(f"python sweeps/full.py: error: {self.error}", file=sys.stderr, flush=True)
+                self.pending = []
                 if self.on_ready:
                     self.on_ready(0, None)
-                return []
-            costs.update(self.job.result.costs)
-            print(f"The zoo is built and calibrated ({self.phases.zoo_s:.0f} s, {self.job.what}); "
-                  "sizing its trials:", flush=True)
+                return True
+            costs.update(built.costs)
+            print(f"The zoo is built and calibrated ({built.built - built.started:.0f} s training, "
+                  f"{built.ended - built.built:.0f} s calibration; {self.job.what}); sizing its trials, which "
+                  "run after the ones already queued:", flush=True)
         budget_s = budget.later_stage_budget(budget_seconds(self.args, self.device), self.first, self.workers)
         trials, self.fitted = fit_stage(self.trials, costs, budget_s, self.device, self.workers, ZOO_STAGE) \
             if budget_s is not None else (self.trials, None)
         self.planned = _flat(trials)
         done = finished_configs(trials, self.args, self.uri)
         self.skipped = Counter(c.group for c in self.planned if _finished(c, done))
-        pending = run_order([c for c in self.planned if not _finished(c, done)])
+        self.pending = run_order([c for c in self.planned if not _finished(c, done)])
         if self.on_ready:
-            self.on_ready(len(pending), self.fitted.estimate_s / self.workers if self.fitted else None)
-        return pending
+            self.on_ready(len(self.pending), self.fitted.estimate_s / self.workers if self.fitted else None)
+        return True
+
+    def __call__(self) -> list[TrialConfig] | None:
+        """For ``StagedSearcher``: the trials to run, or None while the build runs."""
+        return self.pending if self.poll() else None
 
 
 def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, started: float, ray_start_s: float,
@@ -627,7 +638,6 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
             threads = 1 if device == "cuda" else args.cpus_per_trial
             pairs = budget.pairs_needed(_flat(later)) if budget_s is not None else set()
             job = ZooBeside(zoo_sets, pairs, device, threads, reservation_path)
-            job.wait_until_reserved()
             log.info("%s, beside the trials whose models need no build", job.what)
             phases.zoo_beside = job.what
             away = cpus.away_from(job.cpus)
@@ -664,6 +674,8 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
     sharing: list[float] = []
     if first_pending or later_now or job:
         _start_ray(phases)
+        if job is not None:
+            job.wait_until_reserved()                    # no trial starts on the zoo's core first
         phase = time.perf_counter()
         estimate_s = sum(f.estimate_s / workers for f in (first, zoo_stage.fitted) if f is not None) \
             if budget_s is not None else None
@@ -674,7 +686,7 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
             phases.first_finished_s = printer.first_finished - started
         outcomes = collect_outcomes(results, uri, sweep_id)
         tracking.deliver_spooled(uri)                    # what a worker spooled while the store was away
-        if job is not None and not zoo_stage.ready():    # Tune ended first (Ctrl-C): the build is not waited for
+        if job is not None and not job.done():           # Tune ended first (Ctrl-C): the build is not waited for
             _stop(job, reservation_path)
         sharing = machine_sharing(uri, sweep_id, [w for w in [job.window() if job else None] if w])
     _stop(None, reservation_path)

@@ -15,8 +15,10 @@ HEARTBEAT_S = 30.0
 
 class ProgressPrinter(Callback):
     def __init__(self, total: int, estimate_s: float | None = None, first_run_hint: str = "",
-                 on_change=None) -> None:
+                 on_change=None, watch=None) -> None:
         self.total = total
+        self.watch = watch                    # called about once a second (the zoo's build: done yet?)
+        self.last_watch = 0.0
         self.on_change = on_change            # called with (running: name -> unix start, done, total)
         self.estimate_s = estimate_s          # the budget's estimate of the whole sweep, if any
         self.first_run_hint = first_run_hint  # said once, when the store has its first finished run
@@ -30,6 +32,10 @@ class ProgressPrinter(Callback):
         config = TrialConfig.from_dict(copy.deepcopy(trial.config["trial"]))
         context = f" ctx{config.workload.context_tokens}" if config.workload.context_tokens else ""
         return f"{config.group} {config.model} {config.stack.label}{context}"
+
+    def say(self, line: str) -> None:
+        """A line of the sweep's own (it also rewrites the live status)."""
+        self._print(line)
 
     def _print(self, line: str) -> None:
         self.last_line = time.perf_counter()
@@ -62,6 +68,9 @@ class ProgressPrinter(Callback):
     def on_step_end(self, iteration, trials, **info) -> None:
         """The heartbeat: nothing printed for ``HEARTBEAT_S``, so say what is running."""
         now = time.perf_counter()
+        if self.watch is not None and now - self.last_watch >= 1.0:
+            self.last_watch = now
+            self.watch()
         if now - self.last_line < HEARTBEAT_S:
             return
         running = ", ".join(f"{name} ({time.time() - t0:.0f} s)" for name, t0 in self.running.items()) or "starting"
