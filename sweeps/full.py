@@ -534,14 +534,15 @@ def zoo_sets_to_build(configs: list[TrialConfig]) -> list[str]:
     return [set_name for set_name, names in zoo.ZOO_SETS.items() if stale & set(names)]
 
 
-def trains_beside(args, device: str, zoo_sets: list[str]) -> bool:
-    """Whether the zoo trains in a Ray task beside the first trials: local Ray, a zoo to build, a core
-    to spare for it, and more than one trial at a time allowed (``--workers 1`` runs one thing at a
-    time: the zoo first, then each trial alone)."""
+def trains_beside(args, device: str, zoo_sets: list[str], first_stage: list[TrialConfig]) -> bool:
+    """Whether the zoo trains in a Ray task beside the first trials: local Ray, a zoo to build, trials
+    to run meanwhile, a core to spare for it, and more than one trial at a time allowed (``--workers 1``
+    runs one thing at a time: the zoo first, then each trial alone). Otherwise the zoo builds first,
+    on every core."""
     from sweeps import cpus
 
     spare = device == "cuda" or len(cpus.current()) > args.cpus_per_trial
-    return bool(zoo_sets) and args.address is None and args.workers != 1 and spare
+    return bool(zoo_sets) and bool(first_stage) and args.address is None and args.workers != 1 and spare
 
 
 class Phases:
@@ -632,7 +633,7 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
     job = None
     reservation_path = None
     try:
-        if trains_beside(args, device, zoo_sets):
+        if trains_beside(args, device, zoo_sets, _flat(now)):
             _start_ray(phases)
             reservation_path = str(Path(tempfile.gettempdir()) / f"llm-sweeps-{sweep_id}-cpus.json")
             threads = 1 if device == "cuda" else args.cpus_per_trial
