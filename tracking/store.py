@@ -365,7 +365,7 @@ def record_machine_sharing(uri: str, sweep_id: str, beside=()) -> list[float]:
         if run_id not in mine:
             continue
         text = ("ran alone" if count == 0 else
-                f"{count} other job(s) (trials, zoo training) ran during {fraction:.0%} of its timed passes: {names[:400]}")
+                f"{count} other job(s) ran during {fraction:.0%} of its timed passes: {names[:400]}")
         _with_retry(lambda: client.log_batch(run_id, metrics=[Metric("shared_machine_fraction", fraction, now, 0)],
                                              tags=[RunTag("shared_machine", text)]))
         tagged.append(fraction)

@@ -275,7 +275,7 @@ def corpus_hash(set_name: str) -> str:
 def _read_json(path: pathlib.Path) -> dict | None:
     try:
         return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, ValueError):          # missing, unreadable, a file where a folder belongs, bad JSON
         return None
 
 
