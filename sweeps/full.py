@@ -263,10 +263,15 @@ def split_stages(trials: dict[str, list[TrialConfig]]):
     return now, later
 
 
+def trial_threads(args, device: str) -> int:
+    """The threads one trial gets (what its step costs are calibrated on)."""
+    return 1 if device == "cuda" else args.cpus_per_trial
+
+
 def calibrate(trials: dict[str, list[TrialConfig]], args, device: str) -> dict:
     """This machine's step costs for the trials' models (cached per machine; ``sweeps.budget``)."""
-    threads = 1 if device == "cuda" else args.cpus_per_trial
-    return budget.calibrate(budget.pairs_needed(_flat(trials)), device, threads, recalibrate=args.recalibrate)
+    return budget.calibrate(budget.pairs_needed(_flat(trials)), device, trial_threads(args, device),
+                            recalibrate=args.recalibrate)
 
 
 def fit_stage(trials: dict[str, list[TrialConfig]], costs: dict, budget_s: float | None, device: str,
@@ -383,11 +388,9 @@ def models_ready(configs: list[TrialConfig]) -> bool:
 
 def ensure_models(configs: list[TrialConfig]) -> None:
     """Build the zoo models and convert the real (PyPI) models the plan needs; both are cached."""
-    stale = sorted(n for n in _model_names(configs, "zoo") if not zoo.is_built(n))
-    for set_name, names in zoo.ZOO_SETS.items():
-        if set(names) & set(stale):
-            log.info("building zoo set %r (missing or stale: %s)", set_name, ", ".join(stale))
-            zoo.build(set_name)
+    for set_name in zoo_sets_to_build(configs):
+        log.info("building zoo set %r (a model the plan needs is missing or stale)", set_name)
+        zoo.build(set_name)
     real = sorted(_model_names(configs, "pypi"))
     if real:
         pypi.fetch(real)
@@ -553,6 +556,7 @@ class Phases:
         self.zoo_s = self.models_s = self.calibrate_s = self.tune_s = 0.0
         self.zoo_beside: str = ""            # what trained beside the trials (empty: the zoo trained first)
         self.first_finished_s: float | None = None
+        self.estimate_s: float | None = None  # the budget's estimate of the trials, both stages
 
 
 def _start_ray(phases: Phases) -> None:
@@ -636,9 +640,8 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
         if trains_beside(args, device, zoo_sets, _flat(now)):
             _start_ray(phases)
             reservation_path = str(Path(tempfile.gettempdir()) / f"llm-sweeps-{sweep_id}-cpus.json")
-            threads = 1 if device == "cuda" else args.cpus_per_trial
             pairs = budget.pairs_needed(_flat(later)) if budget_s is not None else set()
-            job = ZooBeside(zoo_sets, pairs, device, threads, reservation_path)
+            job = ZooBeside(zoo_sets, pairs, device, trial_threads(args, device), reservation_path)
             log.info("%s, beside the trials whose models need no build", job.what)
             phases.zoo_beside = job.what
             away = cpus.away_from(job.cpus)
@@ -678,10 +681,9 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
         if job is not None:
             job.wait_until_reserved()                    # no trial starts on the zoo's core first
         phase = time.perf_counter()
-        estimate_s = sum(f.estimate_s / workers for f in (first, zoo_stage.fitted) if f is not None) \
-            if budget_s is not None else None
         results, printer = run_tune(first_pending + (later_now or []), None if later_now is not None else zoo_stage,
-                                    args, uri, sweep_id, device, estimate_s, reservation_path, job)
+                                    args, uri, sweep_id, device, stage_estimate(budget_s, workers, first, zoo_stage.fitted),
+                                    reservation_path, job)
         phases.tune_s = time.perf_counter() - phase
         if printer.first_finished is not None:
             phases.first_finished_s = printer.first_finished - started
@@ -689,8 +691,10 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
         tracking.deliver_spooled(uri)                    # what a worker spooled while the store was away
         if job is not None and not job.done():           # Tune ended first (Ctrl-C): the build is not waited for
             _stop(job, reservation_path)
-        sharing = machine_sharing(uri, sweep_id, [w for w in [job.window() if job else None] if w])
+        beside = job.window() if job is not None else None            # the zoo's training, if it ran beside
+        sharing = machine_sharing(uri, sweep_id, [beside] if beside else [])
     _stop(None, reservation_path)
+    phases.estimate_s = stage_estimate(budget_s, workers, first, zoo_stage.fitted)
     all_configs = _flat(now) + zoo_stage.planned
     skipped = skipped_first + zoo_stage.skipped
     elapsed_s = time.perf_counter() - started
@@ -711,7 +715,8 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
             "skipped": sum(skipped.values()), "elapsed_s": elapsed_s, "zoo_s": phases.zoo_s,
             "zoo_beside": phases.zoo_beside, "zoo_window": job.window() if job else None,
             "zoo_cpus": job.cpus if job else None, "models_s": phases.models_s,
-            "calibrate_s": phases.calibrate_s, "first_finished_s": phases.first_finished_s,
+            "calibrate_s": phases.calibrate_s, "estimate_s": phases.estimate_s,
+            "first_finished_s": phases.first_finished_s,
             "ray_start_s": phases.ray_start_s, "tune_s": phases.tune_s, "outcomes": outcomes}, indent=1))
     return 1 if zoo_stage.error else 0
 
@@ -721,8 +726,16 @@ def print_phases(phases: Phases, configs: list[TrialConfig]) -> None:
                 f"real models {phases.models_s:.0f} s" if phases.zoo_beside else f"zoo {phases.zoo_s:.0f} s")
     first = (f"; the first finished run {phases.first_finished_s:.0f} s after the sweep started"
              if phases.first_finished_s is not None else "")
+    estimate = f"estimated {phases.estimate_s / 60:.1f} min for " if phases.estimate_s else ""
     print(f"Phases: {zoo_text}, calibration {phases.calibrate_s:.0f} s, Ray start-up {phases.ray_start_s:.0f} s, "
-          f"trials {phases.tune_s / 60:.1f} min ({len(configs)} planned){first}")
+          f"trials {phases.tune_s / 60:.1f} min ({estimate}all {len(configs)} planned){first}")
+
+
+def stage_estimate(budget_s: float | None, workers: int, *fits) -> float | None:
+    """The budget's estimate of the sized stages' trials, in wall time on ``workers`` (None without a budget)."""
+    if budget_s is None:
+        return None
+    return sum(f.estimate_s / workers for f in fits if f is not None)
 
 
 def _stop(job, reservation_path: str | None) -> None:
