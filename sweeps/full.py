@@ -698,7 +698,8 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
     all_configs = _flat(now) + zoo_stage.planned
     skipped = skipped_first + zoo_stage.skipped
     elapsed_s = time.perf_counter() - started
-    print_summary(all_configs, outcomes, skipped, uri, elapsed_s, phases.ray_start_s, left_out)
+    print_summary(all_configs, outcomes, skipped, uri, elapsed_s, phases.ray_start_s, left_out,
+                  why_not_run="the zoo's build failed (the error above)" if zoo_stage.error else "interrupted")
     if sharing:
         shared = [f for f in sharing if f > 0]
         print(f"Machine sharing: {len(shared)} of {len(sharing)} runs had other work beside their timed passes "
@@ -811,7 +812,8 @@ class PlanNotes(logging.Handler):
         logging.getLogger("trials.techniques").removeHandler(self)
 
 
-def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out=()) -> None:
+def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out=(),
+                  why_not_run: str = "interrupted") -> None:
     finished = [o for o in outcomes if o.get("trial_status") == "FINISHED"]
     failed = [o for o in outcomes if o.get("trial_status") != "FINISHED"]
     print()
@@ -828,7 +830,7 @@ def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_
         print(f"  not planned: {note}")
     planned = len(configs) - sum(skipped.values())
     if len(outcomes) < planned:
-        print(f"  {planned - len(outcomes)} planned trial(s) never ran (interrupted); the same command again "
+        print(f"  {planned - len(outcomes)} planned trial(s) never ran ({why_not_run}); the same command again "
               "runs only the configurations without a finished run")
     from tracking import spool
 

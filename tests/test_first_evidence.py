@@ -71,3 +71,27 @@ def test_the_zoo_trains_beside_the_trials_that_need_no_build(tiny_zoo, tmp_path,
     monkeypatch.setenv("LLM_SWEEPS_CALIBRATION", env["LLM_SWEEPS_CALIBRATION"])
     assert main([*args, "--dry-run"]) == 0
     assert "total: 2 trials, 2 already finished" in capsys.readouterr().out
+
+
+@pytest.mark.cold          # its own sweep, like the test above
+def test_a_zoo_build_that_fails_beside_the_trials_keeps_theirs_and_says_why_in_one_line(tiny_zoo, tmp_path):
+    """A file where ``tiny-gqa``'s folder belongs: the build in the Ray task fails; the folder model's
+    run is kept, the zoo's trial is said not run because of the build (not 'interrupted'), exit 1."""
+    shutil.copytree(zoo.model_path("tiny-gqa"), tmp_path / "my-tiny")
+    broken_zoo = tmp_path / "zoo"
+    shutil.copytree(zoo.zoo_dir(), broken_zoo)
+    shutil.rmtree(broken_zoo / "tiny-gqa")
+    (broken_zoo / "tiny-gqa").write_text("not a model folder")
+    (tmp_path / "sweep.yaml").write_text(SWEEP)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, zoo.ZOO_ENV_VAR: str(broken_zoo),
+           "LLM_SWEEPS_CALIBRATION": str(tmp_path / "calibration.json")}
+    done = run_sweep("--sweep", str(tmp_path / "sweep.yaml"), "--budget", "20s", "--tracking-uri", uri, env=env)
+    log = done.stdout[-4000:] + done.stderr[-3000:]
+    assert done.returncode == 1, log
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "the zoo's build failed, so its 1 trial(s) did not run" in errors[0], log
+    assert "Traceback" not in done.stderr, log
+    assert "1 planned trial(s) never ran (the zoo's build failed" in done.stdout, log
+    frame = tracking.runs_frame(uri, "baseline")
+    assert list(frame["model"]) == ["my-tiny"] and list(frame["status"]) == ["FINISHED"], frame
