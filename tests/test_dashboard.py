@@ -27,10 +27,9 @@ from trials.loop import TrialResult
 
 from conftest import QUICK_SWEEP_GROUPS  # noqa: E402
 import ui  # noqa: E402
-from ui import APP, RENDER_TIMEOUT_S, needs_browser, serve  # noqa: E402
+from ui import APP, needs_browser, serve  # noqa: E402
 from ui import figure as _figure, text as _text  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 def _expected_bars(uri: str) -> dict[tuple[str, str], tuple[float, str]]:
@@ -108,13 +107,13 @@ def test_baseline_chart_plots_the_store_reloads_follows_new_runs_and_opens_them(
         tracking.log_trial(baseline_store, _trial("tiny-gqa", "fp32"))  # a rerun: it replaces the bar
         expected = _expected_bars(baseline_store)
         browser.find_element(By.ID, "reload").click()
-        WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+        ui.wait(browser).until(
             lambda d: _same(_plotted_bars(_figure(d, "baseline-throughput")), expected, strict=False))
         browser.save_screenshot(str(tmp_path / "dashboard.png"))
 
         tracking.log_trial(baseline_store, _trial("tiny-mha", "fp32"))   # a sweep writes: no click
         expected = _expected_bars(baseline_store)
-        WebDriverWait(browser, RENDER_TIMEOUT_S).until(
+        ui.wait(browser).until(
             lambda d: _same(_plotted_bars(_figure(d, "baseline-throughput")), expected, strict=False))
 
         browser.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
@@ -293,7 +292,7 @@ def test_export_is_one_offline_html_file_with_every_chart(quick_sweep, browser, 
     assert expected >= 2 * len(QUICK_SWEEP_GROUPS)
     browser.get(out.as_uri())
     drawn = "return Array.from(document.querySelectorAll('.js-plotly-plot')).filter(g => g._fullLayout).length"
-    WebDriverWait(browser, RENDER_TIMEOUT_S).until(lambda d: d.execute_script(drawn) == expected)
+    ui.wait(browser).until(lambda d: d.execute_script(drawn) == expected)
     assert browser.execute_script("return document.querySelectorAll('.js-plotly-plot .main-svg').length") >= expected
 
 

@@ -122,7 +122,7 @@ def figure(driver, graph_id: str) -> dict:
         fig = raw and json.loads(raw)
         return fig if fig and (fig["points_drawn"] or fig["lines_drawn"]) else False
 
-    return WebDriverWait(driver, RENDER_TIMEOUT_S).until(plotted)
+    return wait(driver).until(plotted)
 
 
 READ_TABLE_JS = """
@@ -135,28 +135,28 @@ return JSON.stringify({header: gd.data[0].header.values, columns: gd.data[0].cel
 
 def table(driver, graph_id: str) -> dict:
     """Wait until a plotly table has drawn its cells; its header, columns (lists) and title."""
-    return json.loads(WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+    return json.loads(wait(driver).until(
         lambda d: d.execute_script(READ_TABLE_JS, graph_id)))
 
 
 def text(driver, element_id: str) -> str:
-    return WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+    return wait(driver).until(
         lambda d: d.find_element(By.ID, element_id)).text
 
 
 def select_model(driver, group: str, model: str) -> None:
     """Pick ``model`` in a section's deep-dive selector (a dcc.Dropdown with id ``{group}-model``)."""
-    dropdown = WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+    dropdown = wait(driver).until(
         lambda d: d.find_element(By.CSS_SELECTOR, f"#{group}-model"))
     dropdown.click()
     # Dash 4 opens the search box in a popover outside the dropdown, named by its aria-controls.
-    popover = WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+    popover = wait(driver).until(
         lambda d: dropdown.get_attribute("aria-controls")
         and d.find_element(By.ID, dropdown.get_attribute("aria-controls")))
     search = popover.find_element(By.CSS_SELECTOR, "input.dash-dropdown-search")
     search.send_keys(model)
     search.send_keys("\n")
-    WebDriverWait(driver, RENDER_TIMEOUT_S).until(
+    wait(driver).until(
         lambda d: model in d.find_element(By.CSS_SELECTOR, f"#{group}-model").text)
 
 
@@ -200,17 +200,27 @@ def click_until(driver, find, opened, shift: bool = False, timeout: float = REND
 
 
 def _point_until(driver, find, done, then, timeout: float):
-    """Poll ``done(driver)`` each second; while it returns nothing, move the pointer onto ``find(driver)``
-    (a pixel to and fro) and perform ``then`` (ActionChains -> ActionChains) there."""
+    """Check ``done(driver)`` every tenth of a second; at most once a second while it returns nothing,
+    move the pointer onto ``find(driver)`` (a pixel to and fro) and perform ``then`` (ActionChains ->
+    ActionChains) there. (A click repeated faster than the page answers it would open a run twice.)"""
     moves = iter(range(10**6))
+    last = [-1.0]
 
     def pointed(d):
         found = done(d)
         if found:
             return found
-        step = next(moves)
-        with contextlib.suppress(Exception):      # the element may be redrawn between find and move
-            then(ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 0)).perform()
+        if time.monotonic() - last[0] >= 1.0:
+            last[0] = time.monotonic()
+            step = next(moves)
+            with contextlib.suppress(Exception):      # the element may be redrawn between find and move
+                then(ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 0)).perform()
         return None
 
-    return WebDriverWait(driver, timeout, poll_frequency=1.0).until(pointed)
+    return wait(driver, timeout).until(pointed)
+
+
+def wait(driver, timeout: float = RENDER_TIMEOUT_S) -> WebDriverWait:
+    """A wait that checks its condition every tenth of a second (selenium's default: every half second,
+    most of it idle once the page has drawn)."""
+    return WebDriverWait(driver, timeout, poll_frequency=0.1)
