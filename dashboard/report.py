@@ -21,7 +21,7 @@ import pandas as pd
 
 import tracking
 from dashboard.sections import all_sections
-from dashboard.sections.common import trial_seconds
+from dashboard.sections.common import real_model_note, trial_seconds
 from trials import groups
 from trials.errors import one_line_errors
 from trials.redaction import redact
@@ -56,7 +56,11 @@ def group_frames(uri: str) -> dict[str, pd.DataFrame]:
 
 def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
     """The store's figures as Markdown, from ``group_frames(uri)``."""
-    out = [f"Measured in `{redact(uri)}`: {machine(frames)}", "", *trial_times(frames)]
+    out = [f"Measured in `{redact(uri)}`: {machine(frames)}", ""]
+    found = [f for f in frames.values() if not f.empty]
+    if note := real_model_note(pd.concat(found, ignore_index=True) if found else pd.DataFrame()):
+        out += [note, ""]
+    out += trial_times(frames)
     for section in all_sections():                 # each section's own table, where it has one
         lines = section.report(frames[section.GROUP]) if hasattr(section, "report") else []
         if lines:

@@ -116,6 +116,10 @@ def test_every_section_names_the_real_model_as_4bit_derived(smol_store):
                 rendered += str(drawn.deep_dive(section, model, defaults))
         assert f"{section.GROUP}-real-models" in rendered and "4-bit-derived (GGUF Q4_1)" in rendered, section.GROUP
         assert "weights: 4-bit-derived" in rendered, section.GROUP
+    from dashboard import report        # and the report (the results page) says so above its tables
+
+    text = report.report(smol_store[0], report.group_frames(smol_store[0]))
+    assert f"{SMOL}: 4-bit-derived (GGUF Q4_1)" in text.split("| group |")[0], text[:2000]
 
 
 def test_a_draft_of_another_tokenizer_drafts_across_tokenizers(real_models, tiny_zoo):
