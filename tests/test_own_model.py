@@ -39,10 +39,6 @@ SWEEP = """models:
     trust_remote_code: false
 profile: {base: quick, prompts_per_type: 1, max_new_tokens: 8, repeats: 2}
 """
-# From each group's plan of each model, the stacks that fill its charts and cards (the first context
-# only): enough for every section to draw the model, at a test's cost.
-PICK = {"baseline": {"fp32"}, "speculative": {"fp32+lookup(k=4)"}, "kv_cache": {"bf16", "bf16+kv4-hqq"},
-        "batching": {"fp32+b2"}, "quantization": {"bf16"}, "stacks": {"bf16"}, "engines": set()}
 # What a hub model's trials run in a fresh process (where HF_HUB_OFFLINE and the cache are read).
 RUN_ALL = """
 import json, sys
@@ -51,6 +47,17 @@ from trials.run import run_trial
 for line in open(sys.argv[1]):
     print(json.dumps(run_trial(TrialConfig.from_dict(json.loads(line))).to_dict()), flush=True)
 """
+
+
+def picked_stacks() -> dict[str, set[str]]:
+    """From each group's plan of each model, the stacks that fill its charts and cards (the first
+    context only): enough for every section to draw the model, at a test's cost. The kv_cache and
+    stacks groups run this CPU's fast precision (bf16 where native, fp32 where emulated: AVX2)."""
+    from trials.measurement.hardware import fast_precision
+
+    fast = fast_precision("cpu")
+    return {"baseline": {"fp32"}, "speculative": {"fp32+lookup(k=4)"}, "kv_cache": {fast, f"{fast}+kv4-hqq"},
+            "batching": {"fp32+b2"}, "quantization": {"bf16"}, "stacks": {fast}, "engines": set()}
 
 
 def _hub_cache(folder, model_folder):
@@ -64,13 +71,13 @@ def _hub_cache(folder, model_folder):
 
 
 def _picked(planned: dict[str, list], model: str) -> list[TrialConfig]:
-    out = []
+    pick, out = picked_stacks(), []
     for group, configs in planned.items():
         mine = [c for c in configs if c.model == model]
         if not mine:
             continue
         first = min(c.workload.context_tokens for c in mine)
-        out += [c for c in mine if c.stack.label in PICK[group] and c.workload.context_tokens == first]
+        out += [c for c in mine if c.stack.label in pick[group] and c.workload.context_tokens == first]
     return out
 
 
