@@ -330,6 +330,9 @@ def print_estimate(fitted, costs, device: str, workers: int) -> None:
               f"{fitted.describe_level(worst[1])})")
     print(f"Estimated: ~{fitted.estimate_s / 60 / workers:.1f} min of trials "
           f"(a model of the step costs above, not a measurement; the summary prints the real time)")
+    if fitted.budget_s is not None and fitted.estimate_s / max(1, workers) > fitted.budget_s:
+        print(f"  Over its budget ({fitted.budget_s / 60:.1f} min) even at the floors: the budget shrinks "
+              "workloads, never the set of trials; to hold it, run fewer (--groups, --models, or a sweep file)")
 
 
 def measured_at_other_sizes(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]],
@@ -436,7 +439,7 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
             printer.total = len(configs) + count
             if printer.estimate_s is not None and estimate_s is not None:
                 printer.estimate_s += estimate_s
-            printer.say(f"the zoo's {count} trial(s) queued after the others")
+            printer.say(f"the zoo's {count} trial(s) queued, smallest models first")
         later.on_ready = zoo_trials_known
     param_space = {"tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
                    "profile": chosen_profile(args, device).name,
@@ -446,7 +449,7 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
         tune.with_resources(run_in_worker, resources),
         param_space=param_space,
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers, num_samples=-1,
-                                    search_alg=StagedSearcher(configs, later)),
+                                    search_alg=StagedSearcher(configs, later, run_order)),
         run_config=tune.RunConfig(name=sweep_id, storage_path=args.storage_path, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=args.max_failures),
                                   callbacks=[printer]),
@@ -603,7 +606,7 @@ class ZooStage:
             costs.update(built.costs)
             print(f"The zoo is built and calibrated ({built.built - built.started:.0f} s training, "
                   f"{built.ended - built.built:.0f} s calibration; {self.job.what}); sizing its trials, which "
-                  "run after the ones already queued:", flush=True)
+                  "join the queue in run order (smallest models first):", flush=True)
         budget_s = budget.later_stage_budget(budget_seconds(self.args, self.device), self.first, self.workers)
         trials, self.fitted = fit_stage(self.trials, costs, budget_s, self.device, self.workers, ZOO_STAGE) \
             if budget_s is not None else (self.trials, None)

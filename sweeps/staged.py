@@ -3,9 +3,11 @@ trials arrive in stages.
 
 A grid fixes every trial before the first starts, but a fresh machine cannot size the zoo's trials
 before the zoo is trained (their workloads come from its calibration). ``StagedSearcher`` gives
-Tune the first stage's trials in order, then asks ``later`` (a callable polled while Tune waits)
-for the next stage's, and says FINISHED when both are given out. Tune's own loop, resources,
-retries and callbacks stay as they are.
+Tune the first stage's trials in order and asks ``later`` (a callable, polled each time Tune wants a
+trial) for the next stage's; the moment they arrive they join the trials not yet started, in
+``order`` (the sweep's breadth-first run order: the zoo's small models then come first, so every
+chart gets their bars minutes after the build, not after the first stage drains). It says FINISHED
+when both are given out. Tune's own loop, resources, retries and callbacks stay as they are.
 """
 
 from __future__ import annotations
@@ -20,18 +22,21 @@ from trials.config import TrialConfig
 
 
 class StagedSearcher(Searcher):
-    def __init__(self, now: list[TrialConfig], later: Callable[[], list[TrialConfig] | None] | None = None):
+    def __init__(self, now: list[TrialConfig], later: Callable[[], list[TrialConfig] | None] | None = None,
+                 order: Callable[[list[TrialConfig]], list[TrialConfig]] | None = None):
         super().__init__()
         self.queue = list(now)
         self.later = later            # None once its trials are queued (or there is no later stage)
+        self.order = order or (lambda configs: configs)
 
     def suggest(self, trial_id: str) -> dict | None:
-        if not self.queue and self.later is not None:
+        if self.later is not None:
             more = self.later()
-            if more is None:
+            if more is not None:
+                self.queue = self.order(self.queue + more)
+                self.later = None
+            elif not self.queue:
                 return None           # not ready yet: Tune asks again
-            self.queue.extend(more)
-            self.later = None
         if self.queue:
             return {"trial": self.queue.pop(0).to_dict()}
         return Searcher.FINISHED

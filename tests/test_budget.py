@@ -137,3 +137,29 @@ def test_the_stages_share_the_budget_by_trial_count_and_the_zoo_gets_what_the_fi
     assert budget.later_stage_budget(600.0, first, 2) == pytest.approx(600.0 - first.estimate_s / 2)
     assert budget.later_stage_budget(600.0, None, 2) == 600.0
     assert budget.later_stage_budget(1.0, first, 2) == 1.0 and budget.later_stage_budget(None, first, 2) is None
+
+
+def test_the_zoos_trials_join_the_queue_in_run_order_the_moment_they_are_sized():
+    """``StagedSearcher``: until the later stage is ready Tune gets the first stage's trials (and None,
+    'ask again', once they run out); when it is ready its trials merge with those not yet handed out,
+    in the sweep's order, instead of waiting for the first stage to drain."""
+    from ray.tune.search import Searcher
+
+    from sweeps.staged import StagedSearcher
+    from trials.config import Stack, TrialConfig, Workload
+
+    def config(model: str) -> TrialConfig:
+        return TrialConfig(group="baseline", model=model, stack=Stack("fp32"), workload=Workload("prose", 1, 8))
+
+    ready: list = [None]
+    first = [config(m) for m in ("smollm2-135m-instruct", "gemma-3-270m", "smollm2-135m-instruct")]
+    searcher = StagedSearcher(first, lambda: ready[0], order=lambda cs: sorted(cs, key=lambda c: c.model != "zoo-mha"))
+    handed = [TrialConfig.from_dict(searcher.suggest(str(i))["trial"]).model for i in range(2)]
+    assert handed == ["smollm2-135m-instruct", "gemma-3-270m"]
+    ready[0] = [config("zoo-mha"), config("zoo-mha")]             # the build returned: sized
+    handed = [TrialConfig.from_dict(searcher.suggest(str(i))["trial"]).model for i in range(2, 5)]
+    assert handed == ["zoo-mha", "zoo-mha", "smollm2-135m-instruct"]
+    assert searcher.suggest("5") == Searcher.FINISHED
+
+    waiting = StagedSearcher([], lambda: None)
+    assert waiting.suggest("0") is None                               # nothing yet: Tune asks again
