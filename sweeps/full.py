@@ -313,8 +313,7 @@ def print_estimate(fitted, costs, device: str, workers: int) -> None:
         print(f"No budget: the profile as written, estimated {fitted.estimate_s / 60 / workers:.1f} min "
               f"of trials on {workers} worker(s)")
     else:
-        budget_text = f"{fitted.budget_s:.0f} s" if fitted.budget_s < 120 else f"{fitted.budget_s / 60:.0f} min"
-        print(f"Budget {budget_text} on {workers} worker(s): the profile as written would "
+        print(f"Budget {duration(fitted.budget_s)} on {workers} worker(s): the profile as written would "
               f"take ~{fitted.unscaled_s / 60 / workers:.1f} min; chose {fitted.describe_level()}")
     per_group: dict[str, list] = {}
     references: set = set()
@@ -331,8 +330,12 @@ def print_estimate(fitted, costs, device: str, workers: int) -> None:
     print(f"Estimated: ~{fitted.estimate_s / 60 / workers:.1f} min of trials "
           f"(a model of the step costs above, not a measurement; the summary prints the real time)")
     if fitted.budget_s is not None and fitted.estimate_s / max(1, workers) > fitted.budget_s:
-        print(f"  Over its budget ({fitted.budget_s / 60:.1f} min) even at the floors: the budget shrinks "
+        print(f"  Over its budget ({duration(fitted.budget_s)}) even at the floors: the budget shrinks "
               "workloads, never the set of trials; to hold it, run fewer (--groups, --models, or a sweep file)")
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def measured_at_other_sizes(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]],
