@@ -37,13 +37,14 @@ browser:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver g++; }
 
 test: setup browser
-	$(PY) -m pytest -m "not faults and not cold" $(ARGS); rc=$$?; \
+	$(PY) -m pytest -m "not faults and not cold and not cluster" $(ARGS); rc=$$?; \
 	  [ $$rc -ne 5 ] || echo "pytest collected no tests (exit code 5): that is a failure"; exit $$rc
 
-# Fault tests: real servers stopped and started again (tests marked `faults`), and cold-start tests
-# that run a sweep of their own while the zoo trains beside it (`cold`); .ci/run runs them too.
+# Fault tests: real servers stopped and started again (tests marked `faults`), cold-start tests that
+# run a sweep of their own while the zoo trains beside it (`cold`), and the 2-node Ray cluster's
+# sweeps to an mlflow server (`cluster`); .ci/run runs them too.
 test-faults: setup
-	$(PY) -m pytest -m "faults or cold" $(ARGS); rc=$$?; \
+	$(PY) -m pytest -m "faults or cold or cluster" $(ARGS); rc=$$?; \
 	  [ $$rc -ne 5 ] || echo "pytest collected no fault tests (exit code 5): that is a failure"; exit $$rc
 
 dashboard: setup

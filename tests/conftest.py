@@ -20,7 +20,7 @@ SWEEP = ROOT / "sweeps" / "full.py"
 def pytest_collection_modifyitems(config, items):
     """Markers from what a test uses: ``browser`` (headless Chromium), ``sweep`` (the session's quick
     sweep); ``cuda`` tests are skipped where torch sees no CUDA device. ``pytest -m "not sweep and not
-    browser"`` is the quick inner loop; ``make test`` runs everything but the ``faults`` and ``cold`` tests (``make test-faults``)."""
+    browser"`` is the quick inner loop; ``make test`` runs everything but the ``faults``, ``cold`` and ``cluster`` tests (``make test-faults``)."""
     import torch
 
     no_cuda = pytest.mark.skip(reason="needs a CUDA device")

@@ -15,6 +15,7 @@ import tracking
 from conftest import mlflow_server
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.cluster    # a 2-node cluster and a server: with the fault tests (make test-faults, .ci/run)
 
 
 @pytest.fixture(scope="module")
