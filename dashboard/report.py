@@ -27,8 +27,14 @@ from trials.errors import one_line_errors
 from trials.redaction import redact
 
 
-def machine(frames: dict[str, pd.DataFrame]) -> str:
-    rows = pd.concat([f for f in frames.values() if not f.empty], ignore_index=True)
+def all_runs(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Every group's finished runs in one frame (empty without any)."""
+    found = [f for f in frames.values() if not f.empty]
+    return pd.concat(found, ignore_index=True) if found else pd.DataFrame()
+
+
+def machine(rows: pd.DataFrame) -> str:
+    """The CPUs and devices of ``all_runs(frames)``, and when they ran."""
     if rows.empty:
         return "(no finished runs)"
     parts = []
@@ -56,9 +62,9 @@ def group_frames(uri: str) -> dict[str, pd.DataFrame]:
 
 def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
     """The store's figures as Markdown, from ``group_frames(uri)``."""
-    out = [f"Measured in `{redact(uri)}`: {machine(frames)}", ""]
-    found = [f for f in frames.values() if not f.empty]
-    if note := real_model_note(pd.concat(found, ignore_index=True) if found else pd.DataFrame()):
+    rows = all_runs(frames)
+    out = [f"Measured in `{redact(uri)}`: {machine(rows)}", ""]
+    if note := real_model_note(rows):
         out += [note, ""]
     out += trial_times(frames)
     for section in all_sections():                 # each section's own table, where it has one

@@ -26,8 +26,7 @@ import tracking
 from trials.config import TrialConfig
 from trials.loop import TrialResult
 
-import ui  # noqa: E402
-from ui import RENDER_TIMEOUT_S, click_until, figure, select_model, serve, table, text  # noqa: E402
+from ui import RENDER_TIMEOUT_S, click_until, figure, select_model, serve, table, text, wait  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
@@ -89,7 +88,7 @@ def _check_chart(driver, graph_id: str, run_ids: set[str]) -> None:
 
     from dashboard.sections.common import PROVENANCE_HOVER, RUN_ID_FIELD
 
-    layout = json.loads(ui.wait(driver).until(
+    layout = json.loads(wait(driver).until(
         lambda d: d.execute_script(LAYOUT_JS, graph_id)))
     assert layout["title"].strip(), f"{graph_id}: no title"
     try:
@@ -205,7 +204,7 @@ def test_every_chart_of_every_group(every_group, browser, tmp_path):
             if len(expected["models"]) > 1:
                 other = expected["models"][1]
                 select_model(browser, group, other)
-                ui.wait(browser).until(lambda d: other in (d.execute_script(
+                wait(browser).until(lambda d: other in (d.execute_script(
                     LAYOUT_JS, expected["deep_dive"][0]) or ""))
                 for graph_id in expected["deep_dive"]:
                     _check_chart(browser, graph_id, run_ids)
@@ -218,7 +217,7 @@ def test_every_chart_of_every_group(every_group, browser, tmp_path):
                     box = browser.find_element(By.ID, f"{group}-{name}")
                     box.clear()
                     box.send_keys("0", Keys.ENTER)
-                ui.wait(browser).until(lambda d: all(shown(d)) and shown(d) != before)
+                wait(browser).until(lambda d: all(shown(d)) and shown(d) != before)
 
         # a shift-click opens the trial's generated texts, served by the dashboard
         opened = _click_first_point(browser, graphs["baseline"]["charts"][0], shift=True)
@@ -235,7 +234,7 @@ def test_every_chart_of_every_group(every_group, browser, tmp_path):
 
         compare_by = browser.find_element(By.ID, "compare-a")
         browser.execute_script("arguments[0].scrollIntoView()", compare_by)
-        ui.wait(browser).until(lambda d: "injected-2x" in text(d, "compare-b")
+        wait(browser).until(lambda d: "injected-2x" in text(d, "compare-b")
                                                        and "injected-1x" in text(d, "compare-a"))
         chart = figure(browser, "compare-baseline")
         bars = chart["traces"][0]
