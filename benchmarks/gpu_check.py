@@ -42,12 +42,13 @@ says how much of the memory system decoding uses; Hugging Face's eager ``generat
 fast GPU is usually limited by Python and kernel-launch overhead, far below 1. Speculative decoding
 emits several tokens per target pass, so it may exceed the batch-1 roofline.
 
-The repository root is put on ``sys.path`` here: nothing needs installing (``pip install -e .`` not
-required). Only torch, transformers, tokenizers, safetensors, numpy are needed; pandas and scipy
-(imported by ``trials.stats.factorial`` for the repeats' t-interval) get minimal stand-ins when missing,
-and the output says so. The device machine's transformers may be older than the project's pin
-(5.17 against 5.24): two names the code path reads changed in between, and ``transformers_compat``
-adapts them in this process where they are missing, saying so (``--no-compat`` shows the failures).
+Run it from the repository root (``python -m benchmarks.gpu_check``): the packages import from there,
+so nothing needs installing (``pip install -e .`` not required). Only torch, transformers, tokenizers,
+safetensors, numpy are needed; pandas and scipy (imported by ``trials.stats.factorial`` for the
+repeats' t-interval) get minimal stand-ins when missing, and the output says so. The device machine's
+transformers may be older than the project's pin (5.17 against 5.24): two names the code path reads
+changed in between, and ``transformers_compat`` adapts them in this process where they are missing,
+saying so (``--no-compat`` shows the failures).
 
 Sizing: two models x 15 trials of 4 prompts x 64 new tokens, 2 repeats, meant to end within the
 device tool's 10-minute command limit: no trial starts after ``--budget`` (480 s) and none runs past

@@ -92,7 +92,7 @@ def sweep_fields(builtin: bool) -> schema.Fields:
 @dataclass
 class Sweep:
     source: str
-    profile: object | None = None           # sweeps.spaces.Profile; None: the command line's
+    profile: object | None = None           # sweeps.sizing.Profile; None: the command line's
     models: list[str] | None = None
     groups: list[str] | None = None
     stacks: list[str] | None = None

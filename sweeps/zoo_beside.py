@@ -3,7 +3,7 @@
 A fresh machine has no zoo, and training it takes minutes; the real models need only a conversion.
 So on local Ray the sweep starts this task first, runs the trials that need no zoo model meanwhile
 on the other cores, and plans the zoo's trials once the task returns their step costs
-(``sweeps.full``). The task holds one CPU in Ray's accounting (Ray starts no trial on it), pins
+(``sweeps.zoo_stage``). The task holds one CPU in Ray's accounting (Ray starts no trial on it), pins
 itself and its training process to one core (``sweeps.cpus``: each trial pins itself to the others
 while the reservation lives), trains in one process, calibrates the zoo models on that same core,
 and returns the costs with its time window, so each run can say that zoo training ran beside it.

@@ -69,7 +69,7 @@ def test_the_commands_the_sweep_prints_bind_loopback(capsys):
 
 def test_local_ray_starts_without_its_dashboard():
     """Ray's own dashboard would be one more server; the local sweep never starts it."""
-    source = (ROOT / "sweeps" / "full.py").read_text()
+    source = "\n".join(path.read_text() for path in (ROOT / "sweeps").glob("*.py"))
     local_inits = [line for line in source.splitlines() if "ray.init(" in line and "address" not in line]
     assert local_inits and all("include_dashboard=False" in line for line in local_inits)
 

@@ -99,7 +99,7 @@ def serve(uri: str, workdir: Path, *args: str):
 
 @contextmanager
 def chromium(profile_dir: Path):
-    """Headless Debian Chromium driven by selenium (flags from STACK-NOTES)."""
+    """Headless Debian Chromium driven by selenium (the flags it needs in a container, as root, without a display)."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

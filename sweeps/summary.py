@@ -1,0 +1,85 @@
+"""What the sweep says when it ends: counts per group, the failures, the time of each phase, where to look.
+
+``Phases`` collects the wall time of each phase while the sweep runs; ``print_summary`` prints the
+counts (finished, failed, skipped), what was not planned or never ran, results still spooled, and the
+commands that show the runs; ``print_phases`` the time of each phase and when the first run reached
+the store; ``write_summary_json`` the same for ``--summary-json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trials.config import TrialConfig
+from trials.redaction import redact
+
+
+class Phases:
+    """Wall time of each phase of the sweep (seconds), for the summary and --summary-json."""
+
+    def __init__(self, started: float, ray_start_s: float) -> None:
+        self.started, self.ray_start_s = started, ray_start_s
+        self.zoo_s = self.models_s = self.calibrate_s = self.tune_s = 0.0
+        self.zoo_beside: str = ""            # what trained beside the trials (empty: the zoo trained first)
+        self.first_finished_s: float | None = None
+        self.estimate_s: float | None = None  # the budget's estimate of the trials, both stages
+
+
+def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out=(),
+                  why_not_run: str = "interrupted") -> None:
+    finished = [o for o in outcomes if o.get("trial_status") == "FINISHED"]
+    failed = [o for o in outcomes if o.get("trial_status") != "FINISHED"]
+    print()
+    print(f"Sweep done in {elapsed_s:.1f} s (Ray start-up {ray_start_s:.1f} s): "
+          f"{len(finished)} finished, {len(failed)} failed, {sum(skipped.values())} skipped "
+          "(already finished)")
+    for group in dict.fromkeys(c.group for c in configs):
+        f = sum(o.get("group") == group for o in finished)
+        x = sum(o.get("group") == group for o in failed)
+        print(f"  {group:<14} finished {f:>3}  failed {x:>3}  skipped {skipped.get(group, 0):>3}")
+    for o in failed:
+        print(f"  FAILED {o.get('group')} {o.get('model')} {o.get('stack')}: {o.get('error')}")
+    for note in left_out:
+        print(f"  not planned: {note}")
+    planned = len(configs) - sum(skipped.values())
+    if len(outcomes) < planned:
+        print(f"  {planned - len(outcomes)} planned trial(s) never ran ({why_not_run}); the same command again "
+              "runs only the configurations without a finished run")
+    from tracking import spool
+
+    if waiting := len(spool.pending(uri)):
+        print(f"  {waiting} result(s) spooled in {spool.spool_dir()} (the store was unreachable); the next sweep "
+              "or `python sweeps/full.py --flush` delivers them")
+    print("\nLook at the runs:")
+    shown = redact(uri)
+    print(f"  MLflow UI:  mlflow ui --backend-store-uri {shown} --host 127.0.0.1 --port 5000"
+          if uri.startswith("sqlite") else f"  MLflow UI:  {shown}")
+    print(f"  Dashboard:  python dashboard/app.py --tracking-uri {shown}   (http://127.0.0.1:8050)")
+    print(f"  Decision:   llm-recommend --tracking-uri {shown}   (which stack each model should run; "
+          "--max-ttft, --price-per-hour, --help)")
+
+
+def print_phases(phases: Phases, configs: list[TrialConfig]) -> None:
+    zoo_text = (f"zoo {phases.zoo_s:.0f} s (trained beside the trials: {phases.zoo_beside}), "
+                f"real models {phases.models_s:.0f} s" if phases.zoo_beside else f"zoo {phases.zoo_s:.0f} s")
+    first = (f"; the first finished run {phases.first_finished_s:.0f} s after the sweep started"
+             if phases.first_finished_s is not None else "")
+    estimate = f"estimated {phases.estimate_s / 60:.1f} min for " if phases.estimate_s else ""
+    print(f"Phases: {zoo_text}, calibration {phases.calibrate_s:.0f} s, Ray start-up {phases.ray_start_s:.0f} s, "
+          f"trials {phases.tune_s / 60:.1f} min ({estimate}all {len(configs)} planned){first}")
+
+
+def write_summary_json(path: str, *, sweep_id: str, uri: str, device: str, outcomes: list[dict], skipped,
+                       elapsed_s: float, phases: Phases, job) -> None:
+    """``--summary-json``: the counts, each phase's time and the outcomes, as JSON."""
+    Path(path).write_text(json.dumps({
+        "sweep_id": sweep_id, "tracking_uri": uri, "device": device,
+        "finished": sum(o.get("trial_status") == "FINISHED" for o in outcomes),
+        "failed": sum(o.get("trial_status") != "FINISHED" for o in outcomes),
+        "skipped": sum(skipped.values()), "elapsed_s": elapsed_s, "zoo_s": phases.zoo_s,
+        "zoo_beside": phases.zoo_beside, "zoo_window": job.window() if job else None,
+        "zoo_cpus": job.cpus if job else None, "models_s": phases.models_s,
+        "calibrate_s": phases.calibrate_s, "estimate_s": phases.estimate_s,
+        "first_finished_s": phases.first_finished_s,
+        "ray_start_s": phases.ray_start_s, "tune_s": phases.tune_s, "outcomes": outcomes}, indent=1))
