@@ -20,13 +20,12 @@ teacher-forced scores, not by greedy text: greedy bf16 output drifts from fp32's
 on most models while its next-token distributions differ by KL <= 0.0013, so token match measures
 divergence, not loss; it is shown, and is a limit only when asked (``min_token_match``). Defaults:
 
-* ``max_kl`` = 0.02 nats per token and ``max_perplexity_increase`` = 2 %. On this project's main-job
-  stores (2026-12-05, SmolLM2-135M, Gemma-3-270M, the zoo), every stack users call near-lossless lies
-  far below: bf16 <= 0.0014, 8-bit KV <= 0.0025, llama.cpp Q8_0 <= 0.0059, the shipped Q4_1/Q4_K_M
-  <= 0.0058 (perplexity within +0.9 %); every stack that visibly degrades lies far above: a 4-bit KV
-  cache 0.021-0.11 (perplexity +3-16 % on llama.cpp), NF4 0.13-0.54 (+30-61 %), llama.cpp Q4_0
-  0.32-0.36 (+10-42 %), a 2-bit KV cache up to 2.0. The limits sit in that gap, so every model gets
-  a recommendation and a harmful stack is refused.
+* ``max_kl`` = 0.02 nats per token and ``max_perplexity_increase`` = 2 %. On the main job's stores,
+  the stacks users call near-lossless (bf16, an 8-bit KV cache, 8-bit and shipped 4-bit GGUF types)
+  lie far below these limits, and the stacks that visibly degrade (a 4-bit or 2-bit KV cache, NF4,
+  4-bit types requantized from a 4-bit file) far above: the limits sit in that gap, so every model
+  gets a recommendation and a harmful stack is refused (the measured values: ``llm-report``, the
+  results page).
 
 A stack without its own scores is not assumed good: it is "quality not measured" and fails the
 budget, except (1) the reference precision itself with a full cache (KL 0 by definition) and (2)
@@ -35,7 +34,7 @@ changes who proposes tokens, never the distribution that verifies them): those t
 scores and say so.
 
 Latency limits are checked per request: the p95 of TTFT / time per output token where a run has at
-least ``trials.loop.MIN_SAMPLES_P95`` requests, else the largest sample (said, with the count).
+least ``trials.measurement.latency.MIN_SAMPLES_P95`` requests, else the largest sample (said, with the count).
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ import pandas as pd
 
 from trials.config import Stack, TrialConfig, Workload
 from trials.engines import DEFAULT as DEFAULT_ENGINE
-from trials.engines.transformers.arguments import as_code, stack_arguments
+from trials import engines
 from trials.measurement.latency import MIN_SAMPLES_P95
 from trials.measurement.cost import usd_per_million_tokens
 from trials.models.registry import entry_from_dict, reference_precision
@@ -286,7 +285,7 @@ def reproduce(row: pd.Series) -> tuple[str, str]:
     command = f"python -m trials.run --config '{json.dumps(config.to_dict())}'"
     code = row.get("tags.user_code")
     if not isinstance(code, str) or not code:
-        code = as_code(stack_arguments(config.stack, reference_precision(config.entry(), config.device)))
+        code = engines.get(config.stack.engine).code(config.stack, reference_precision(config.entry(), config.device))
     if config.stack.batch_size > 1 and BATCH_CODE_MARK not in code:
         code += f"\n# batch: {config.stack.batch_size} {BATCH_CODE_MARK} (padding_side='left')"
     return command, code

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from trials import groups
-from trials.engines import ENGINES
+from trials import engines
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.models import pypi, zoo
@@ -216,8 +216,8 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int,
 
 def calibrated_precision(config: TrialConfig) -> str:
     """The precision whose step cost estimates ``config``: its own, or for an engine the budget does
-    not calibrate (``Engine.calibrated``) transformers' reference precision, an upper bound there."""
-    if ENGINES[config.stack.engine].calibrated:
+    not calibrate (``Engine.calibrated``) the default engine's reference precision, an upper bound there."""
+    if engines.get(config.stack.engine).calibrated:
         return config.stack.precision
     return reference_precision(config.entry(), config.device)
 

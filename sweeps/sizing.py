@@ -14,9 +14,8 @@ from pathlib import Path
 
 from sweeps import schema
 from trials import groups
-from trials.config import KV_BACKEND_BITS, PRECISIONS, Workload, parse_cache
-from trials.engines import ENGINES
-from trials.engines.llama_cpp.spec import GGUF_TYPES
+from trials import engines
+from trials.config import PRECISIONS, Workload, parse_cache
 from trials.models.registry import ModelEntry
 from trials.prompts import PROMPT_SETS
 from trials.techniques.spec import ProfileKey
@@ -35,13 +34,14 @@ class KvCache(schema.Type):
         if value == "full" or (isinstance(value, str) and parse_cache(value)):
             return value
         backend = str(value).rstrip("0123456789")
-        if backend in KV_BACKEND_BITS:
+        packs = engines.kv_caches()
+        if backend in packs:
             schema.fail_at(source, node, path, f"{backend} cannot pack {str(value)[len(backend):] or 'an unstated number of'} "
-                           f"bits; it packs {', '.join(map(str, KV_BACKEND_BITS[backend]))}")
+                           f"bits; it packs {', '.join(map(str, packs[backend]))}")
         schema.fail_at(source, node, path, f"{value!r} is not a KV cache; expected {self.describe()}")
 
     def describe(self):
-        return "full, " + ", ".join(f"{b}{n}" for b, bits in KV_BACKEND_BITS.items() for n in bits)
+        return "full, " + ", ".join(f"{b}{n}" for b, bits in engines.kv_caches().items() for n in bits)
 
 
 
@@ -49,7 +49,8 @@ class KvCache(schema.Type):
 def _schema_type(key: ProfileKey) -> schema.Type:
     one = {"int": lambda: schema.Int(key.low, key.high), "bool": schema.Bool,
            "precision": lambda: schema.Choice(PRECISIONS), "cache": KvCache,
-           "gguf": lambda: schema.Choice(GGUF_TYPES), "engine": lambda: schema.Choice(tuple(ENGINES))}[key.kind]()
+           "weight": lambda: schema.Choice(engines.weight_types()),
+           "engine": lambda: schema.Choice(tuple(engines.ENGINES))}[key.kind]()
     return schema.ListOf(one) if key.many else one
 
 

@@ -146,7 +146,7 @@ def test_one_trial_per_factor_on_llama_cpp_against_transformers(runs):
 @pytest.mark.parametrize("stack, reason", [
     (dict(precision="q4_1", batch_size=2, **LLAMA), "batch 1 only"),
     (dict(precision="q4_1", speculation="draft", draft_model="smollm2-135m-instruct", num_draft_tokens=2, **LLAMA),
-     "prompt-lookup proposer"),
+     "speculates with prompt_lookup, not 'draft'"),
     (dict(precision="q4_1", kv_bits=4, kv_backend="quanto", **LLAMA), "keeps no 'quanto' KV cache"),
     (dict(precision="fp32", **LLAMA), "unknown precision 'fp32' for the llama_cpp engine"),
     (dict(precision="q8_0"), "unknown precision 'q8_0' for the transformers engine"),

@@ -28,7 +28,7 @@ from trials.stats.factorial import FACTOR_TAG, effects, stack_factors, t_interva
 from trials.techniques.stacks.space import plan as stacks_space
 
 STACKS = PROFILES["quick"].settings("stacks", get_model("tiny-gqa"), "cpu")   # the quick profile's stacks settings
-FACTORS = ("weights", "kv", "spec", "compile", "engine")
+FACTORS = ("weights", "kv", "spec", "compile")     # binary, tagged; the engine is read from the run
 SYNTHETIC = FACTORS[:3]
 TRUE = {"weights": 0.30, "kv": -0.10, "spec": 0.0, "weights x kv": 0.20, "weights x spec": 0.0,
         "kv x spec": 0.0}           # effects on log tok/s: mean(+) - mean(-)
@@ -100,6 +100,25 @@ def test_too_few_combinations_give_no_effects_and_say_why():
     assert not [e for e in found if "weights" in e.term] and "weights: only one level ran" in notes["m"]
 
 
+def test_the_engine_is_a_factor_with_one_level_per_engine():
+    """Three engines (the default and two others, named by the runs' engine column), each with its own
+    effect on log tok/s against the default: each ``engine:<name>`` effect recovers its engine's
+    difference from the default engine, beside the binary factors; two engines are never on together."""
+    true = {"a": 0.4, "b": -0.3}
+    frames = []
+    for engine, shift in (("transformers", 0.0), *true.items()):
+        frame = _synthetic(drop=lambda x: x["spec"] > 0)
+        frame["log_tok_per_s_mean"] += shift
+        frames.append(frame.assign(engine=engine))
+    found, notes = effects(pd.concat(frames, ignore_index=True))
+    speed = {e.term: e for e in found if e.response == "tok_per_s"}
+    for name, shift in true.items():
+        e = speed[f"engine:{name}"]
+        assert e.estimate == pytest.approx(shift, abs=0.03) and e.ci_low <= shift <= e.ci_high, (name, e)
+    assert speed["weights"].estimate == pytest.approx(TRUE["weights"], abs=0.03)
+    assert "engine:a x engine:b: never on together" in notes["m"]
+
+
 def test_the_t_interval_is_students():
     low, high = t_interval([1.0, 2.0, 3.0])              # mean 2, sd 1, t(0.975, 2) = 4.3027
     assert (high - low) / 2 == pytest.approx(4.3027 / math.sqrt(3), rel=1e-4)
@@ -116,7 +135,7 @@ def test_the_space_is_the_design_per_target_with_stated_parts(tiny_zoo):
     # into ggml's cache blocks: weights x prompt lookup only), from llama.cpp's own F16 base
     llama = [c.stack for c in configs if c.stack.engine == "llama_cpp"]
     assert [s.design_name for s in llama] == ["llama_cpp:f16", "llama_cpp:spec", "llama_cpp:q4_0", "llama_cpp:q4_0+spec"]
-    assert all(stack_factors(s)["engine"] and not stack_factors(s)["kv"] for s in llama)
+    assert all(not stack_factors(s)["kv"] for s in llama)          # the engine factor: the run's engine
     assert {s.num_draft_tokens for s in llama if s.speculation != "none"} == {STACKS["draft_k"]}
     configs = [c for c in configs if c.stack.engine == "transformers"]
     cells = [stack_factors(c.stack) for c in configs]
@@ -159,7 +178,7 @@ def test_a_combined_stack_is_one_trial_with_every_part_at_work(tiny_zoo):
     assert result.status == "FINISHED", result.error
     m, tags = result.metrics, result.tags
     assert tags["stack_name"] == "nf4+kv4"
-    assert [tags[f"{FACTOR_TAG}{f}"] for f in FACTORS] == ["1", "1", "0", "0", "0"]
+    assert [tags[f"{FACTOR_TAG}{f}"] for f in FACTORS] == ["1", "1", "0", "0"]
     # 4-bit weights: far fewer bytes than the base precision's
     base_bytes = loading.load("tiny-gqa", fast_precision("cpu"), "cpu").model
     assert m["weights_bytes"] < sum(p.numel() for p in base_bytes.parameters()) * 2

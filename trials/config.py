@@ -18,25 +18,23 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from trials import groups
+from trials import engines
 from trials.engines import DEFAULT as DEFAULT_ENGINE
-from trials.engines import ENGINES
-from trials.engines.transformers.spec import PRECISIONS as TRANSFORMERS_PRECISIONS
 from trials.errors import ConfigError
 from trials.models.registry import ModelEntry, entry_from_dict, get_model, max_positions
 from trials.prompts import PROMPT_SETS
 
-PRECISIONS = TRANSFORMERS_PRECISIONS        # transformers' weights (llama.cpp's: trials.engines.llama_cpp.spec)
+PRECISIONS = engines.default_spec().precisions      # the default engine's weights (every engine's: its spec)
 QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")
-FOUR_BIT_WEIGHTS = ENGINES[DEFAULT_ENGINE].four_bit   # transformers' (its quantizers: trials.models.quantized_weights)
+FOUR_BIT_WEIGHTS = engines.default_spec().four_bit  # the default engine's (its quantizers: trials.models.quantized_weights)
 
 
 def four_bit_weights(stack) -> bool:
     """Whether the stack's weights are 4-bit on its engine (the stacks design's ``weights`` factor)."""
-    return stack.precision in ENGINES[stack.engine].four_bit
+    return stack.precision in engines.get(stack.engine).four_bit
 
-KV_BITS = (16, 8, 4, 2)
-KV_BACKENDS = ("none", "hqq", "quanto", "ggml")   # transformers' QuantizedCache backends; llama.cpp's types
-KV_BACKEND_BITS = {"hqq": (8, 4, 2), "quanto": (4, 2), "ggml": (8, 4)}   # of KV_BITS, what each backend packs
+
+KV_BITS = (16, 8, 4, 2)       # every engine's quantized caches and their bits: trials.engines.kv_caches()
 SPECULATION = ("none", "draft", "prompt_lookup")
 DEVICES = ("cpu", "cuda")
 
@@ -47,7 +45,8 @@ def parse_cache(name: str) -> tuple[int, str] | None:
         return 16, "none"
     backend = name.rstrip("0123456789")
     bits = name[len(backend):]
-    if backend in KV_BACKEND_BITS and bits.isdigit() and int(bits) in KV_BACKEND_BITS[backend]:
+    packs = engines.kv_caches()
+    if backend in packs and bits.isdigit() and int(bits) in packs[backend]:
         return int(bits), backend
     return None
 
@@ -75,23 +74,25 @@ class Stack:
     draft_model: str | None = None
     num_draft_tokens: int = 0
     batch_size: int = 1
-    compile: bool = False             # compiled decoding: a static cache + torch.compile (trials.techniques.stacks.compiled)
-    engine: str = DEFAULT_ENGINE      # who runs it: "transformers" or "llama_cpp" (trials.engines)
+    compile: bool = False             # compiled decoding: a static cache + torch.compile (trials.engines.transformers.compiled)
+    engine: str = DEFAULT_ENGINE      # who runs it (trials.engines: one folder per engine)
 
     def validate(self) -> None:
-        _check(self.engine in ENGINES, f"unknown engine {self.engine!r}; valid: {', '.join(ENGINES)}")
-        refusal = ENGINES[self.engine].refusal(self)
+        known = engines.ENGINES
+        _check(self.engine in known, f"unknown engine {self.engine!r}; valid: {', '.join(known)}")
+        refusal = known[self.engine].refusal(self)
         _check(refusal is None, refusal or "")
+        packs = engines.kv_caches()
         _check(self.kv_bits in KV_BITS,
                f"unknown kv_bits {self.kv_bits!r}; valid: {', '.join(map(str, KV_BITS))}")
-        _check(self.kv_backend in KV_BACKENDS,
-               f"unknown kv_backend {self.kv_backend!r}; valid: {', '.join(KV_BACKENDS)}")
+        _check(self.kv_backend == "none" or self.kv_backend in packs,
+               f"unknown kv_backend {self.kv_backend!r}; valid: none, {', '.join(packs)}")
         _check((self.kv_bits == 16) == (self.kv_backend == "none"),
-               "a quantized KV cache (kv_bits < 16) needs a kv_backend ('hqq' or 'quanto' on "
-               "transformers, 'ggml' on llama_cpp), and kv_bits 16 needs kv_backend 'none'")
-        _check(self.kv_backend == "none" or self.kv_bits in KV_BACKEND_BITS[self.kv_backend],
+               f"a quantized KV cache (kv_bits < 16) needs a kv_backend (the {self.engine} engine's: "
+               f"{', '.join(known[self.engine].kv_caches) or 'none'}), and kv_bits 16 needs kv_backend 'none'")
+        _check(self.kv_backend == "none" or self.kv_bits in packs[self.kv_backend],
                f"kv_backend {self.kv_backend!r} does not support kv_bits {self.kv_bits}; it supports "
-               f"{', '.join(map(str, KV_BACKEND_BITS.get(self.kv_backend, ())))}")
+               f"{', '.join(map(str, packs.get(self.kv_backend, ())))}")
         _check(_int_at_least(self.kv_group_size, 1),
                f"kv_group_size must be an integer >= 1, got {self.kv_group_size!r}")
         _check(_int_at_least(self.kv_residual_length, 0),

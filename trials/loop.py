@@ -4,9 +4,8 @@
     batch of prompts: the engine generates greedily a fixed number of tokens, stamping prefill (TTFT)
     and decode -> medians and spread over repeats, peak memory, real weight and KV-cache bytes
 
-Every optimization changes only how the model is loaded (``trials.models.loading.load``) or which
-arguments the engine's ``generate()`` gets (``trials.engines.transformers.generation.prepare``,
-handed to ``measure`` as ``generate_kwargs``); the timing, counting and memory code below is shared
+Every optimization changes only how the model is loaded or which arguments the engine's generation
+gets (the stack's engine's ``Backend.prepare``, handed to ``measure`` as ``generate_kwargs``); the timing, counting and memory code below is shared
 by all of them, so numbers of different optimizations are comparable. A technique's runner (``trials.groups``) composes the same pieces:
 ``loading.load`` -> ``measure`` -> ``compare_outputs`` -> ``finish``, and adds its own measurements.
 Generation is greedy with ``min_new_tokens`` equal to ``max_new_tokens``: every configuration
@@ -29,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from trials.config import Runtime, TrialConfig
-from trials.engines import ENGINES
-from trials.engines.transformers.generation import BatchRecord
+from trials import engines
+from trials.engines.spec import BatchRecord
 from trials.errors import ConfigError
 from trials.measurement.energy import Energy, measure_energy
 from trials.measurement.environment import environment_tags
@@ -120,8 +119,8 @@ def _summarize(config: TrialConfig, loaded: loading.LoadedModel,
 
 
 def engine(config: TrialConfig):
-    """The generation module of the stack's engine (``trials.engines``): ``generate_batch`` and ``facts``."""
-    return ENGINES[config.stack.engine].module()
+    """The backend of the stack's engine (``trials.engines.spec.Backend``): ``generate_batch`` and ``facts``."""
+    return engines.backend(config.stack)
 
 
 @dataclass

@@ -1,12 +1,12 @@
-"""Engines: the same models and prompts on llama.cpp beside transformers.
+"""Engines: the same models and prompts on every engine (``trials.engines``).
 
 Per model, two charts. **Speed vs memory**: decode tok/s (x, 95 % interval over repeats) against peak
-memory (y) for every stack of both engines, one colour per engine, labelled with its weights (a GGUF
-type on llama.cpp, a precision on transformers) and its cache or prompt lookup: bottom-right is best.
+memory (y) for every stack of every engine, one colour per engine, labelled with its weights (each
+engine's own weight types) and its cache or prompt lookup: bottom-right is best.
 **Effects per engine**: each optimization's multiplicative effect on tok/s, measured on each engine
-from its own 16-bit base (transformers: its fast precision; llama.cpp: F16): 4-bit weights (NF4;
-the shipped Q4 GGUF, the type people deploy, not the Q4_0 requantized from it), an 8- and a 4-bit KV
-cache, prompt lookup. The whisker is a 95 % t-interval on
+from its own 16-bit base (``Engine.sixteen_bit``): 4-bit weights (the type a model ships in where the
+engine runs it as is, the type people deploy, preferred over one requantized from it), an 8- and a
+4-bit KV cache, prompt lookup. The whisker is a 95 % t-interval on
 the log ratio of the two runs (their repeats' variances, Welch-style degrees of freedom rounded down):
 where it crosses 1 the effect is within the noise. An effect above 1 on one engine and below on the
 other is a flip, and the chart shows it side by side.
@@ -25,9 +25,9 @@ from trials.engines import DEFAULT, ENGINES
 from trials.stats.factorial import t_quantile
 
 GROUP = "engines"
-TITLE = "Engines — the same optimizations on llama.cpp beside transformers"
+TITLE = "Engines — the same optimizations on every engine"
 BLURB = ("Does an optimization still help on the engine you deploy? The same models, prompts and "
-         "greedy tokens on llama.cpp and transformers, each optimization's effect per engine.")
+         "greedy tokens on every engine, each optimization's effect per engine.")
 DEEP_DIVE_TITLE = "Per model: speed vs memory by engine, and each optimization's effect per engine"
 OVERVIEW_ID, ALL_EFFECTS_ID = "engines-overview", "engines-effects-all"
 SCATTER_ID, EFFECTS_ID = "engines-scatter", "engines-effects"
@@ -98,7 +98,7 @@ def effects(rows: pd.DataFrame) -> pd.DataFrame:
         }
         for name, found in candidates.items():
             if len(found):
-                shipped = found[found.get("tags.gguf_origin", pd.Series("", index=found.index)) == "shipped"]
+                shipped = found[found.get("tags.weights_as_shipped", pd.Series("", index=found.index)) == "True"]
                 row = (shipped if len(shipped) else found).sort_values("tok_per_s").iloc[-1]
                 ratio, low, high = _ratio(row, base)
                 out.append({"engine": engine, "effect": name, "ratio": ratio, "low": low, "high": high,
@@ -113,9 +113,8 @@ def _quality(row) -> str:
         value = row.get(column)
         if value is not None and not pd.isna(value):
             parts.append(f"{label} {float(value):{fmt}}")
-    weights = row.get("tags.gguf_origin")
-    if isinstance(weights, str) and weights:
-        parts.append(f"GGUF: {weights}")
+    if row.get("tags.weights_as_shipped") == "True":
+        parts.append("weights as shipped")
     return ", ".join(parts) or "not scored"
 
 
@@ -204,15 +203,18 @@ def caption(frame: pd.DataFrame) -> str:
     if not has(frame, *NEEDED):
         return ""
     rows = _rows(frame)
-    llama = rows[rows["engine"] == "llama_cpp"]
-    build = ", ".join(sorted({str(v) for v in llama.get("tags.llama_cpp_python", pd.Series(dtype=str)).dropna()}))
+    notes = []
+    for name in sorted(rows["engine"].unique()):
+        engine = ENGINES.get(name)
+        if engine is None or not engine.caption:
+            continue
+        builds = rows[rows["engine"] == name].get(f"tags.{engine.version_tag}", pd.Series(dtype=str)).dropna()
+        build = ", ".join(sorted({str(v) for v in builds}))
+        notes.append(f"{engine.title}{f' {build}' if build else ''}: {engine.caption}")
     return (f"Median decode tok/s over {count_range(rows, 'repeats')} repeats ({WHISKERS}); batch 1, greedy, "
-            f"{count_range(rows, 'max_new_tokens')} new tokens per prompt, the same prompt token ids on both "
-            f"engines (llama.cpp is fed the transformers tokenizer's ids; tokenizer_parity says where its own "
-            f"tokenizer agrees). llama.cpp: llama-cpp-python {build or '?'}, flash attention on, its KV bytes "
-            "computed from ggml block sizes; its GGUF types made by llama.cpp's converter (F16) and quantizer "
-            "from each model's HF folder, beside a real model's shipped file, whose values that folder holds "
-            "(4-bit-derived). Effects: a 95 % t-interval on the log ratio of two runs.")
+            f"{count_range(rows, 'max_new_tokens')} new tokens per prompt, the same prompt token ids on every "
+            f"engine (the transformers tokenizer's). {' '.join(notes)} Real models' values are 4-bit-derived. "
+            "Effects: a 95 % t-interval on the log ratio of two runs.")
 
 
 def report(frame: pd.DataFrame) -> list[str]:

@@ -1,14 +1,81 @@
-"""Inference engines, one folder each. An engine loads a model under a stack and generates greedily a
-fixed number of new tokens, stamping each; it turns a stack's factors into its own arguments and
-says how a user turns the same stack on in their code, from one description (so the card shows
-what ran). ``transformers`` (``generate()``) is the default engine; ``llama_cpp`` runs GGUF files
-through llama-cpp-python on CPU.
+"""Inference engines, one folder each (``trials/engines/<name>/``): a torch-free ``spec.SPEC``
+(``trials.engines.spec.Engine``) and a ``backend`` module that loads a model under a stack,
+generates greedily with per-token stamps, scores teacher-forced windows and says how a user turns
+the same stack on in their code. Nothing outside an engine's folder names it.
 
-``ENGINES``: each folder's torch-free ``spec.SPEC`` (``trials.engines.spec.Engine``), by name.
+``ENGINES``: every folder's spec, plus the modules named in ``$LLM_SWEEPS_ENGINES`` (comma-separated,
+each with a ``SPEC``: an engine of one's own, with no line changed here), found on first use.
+``DEFAULT``: the engine a stack runs on unless it says otherwise, the base level of every
+engine comparison.
 """
 
-from trials.engines.llama_cpp.spec import SPEC as _LLAMA_CPP
-from trials.engines.transformers.spec import SPEC as _TRANSFORMERS
+from __future__ import annotations
 
-ENGINES = {e.name: e for e in (_TRANSFORMERS, _LLAMA_CPP)}
-DEFAULT = _TRANSFORMERS.name
+import functools
+import importlib
+import os
+import pkgutil
+
+from trials.errors import ConfigError
+
+DEFAULT = "transformers"
+PLUGINS_ENV = "LLM_SWEEPS_ENGINES"
+
+
+@functools.cache
+def _discover() -> dict:
+    from trials.engines.spec import Engine
+
+    names = [f"{__name__}.{m.name}.spec" for m in pkgutil.iter_modules(__path__) if m.ispkg]
+    names += [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+    found: dict[str, Engine] = {}
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if name.startswith(f"{__name__}.") and exc.name == name:
+                continue                         # a folder without a spec (not an engine)
+            raise ConfigError(f"${PLUGINS_ENV}: cannot import {name!r}: {exc}") from None
+        spec = getattr(module, "SPEC", None)
+        if not isinstance(spec, Engine):
+            raise ConfigError(f"{name} has no SPEC (a trials.engines.spec.Engine)")
+        if spec.name in found:
+            raise ConfigError(f"engine {spec.name!r} is declared twice")
+        found[spec.name] = spec
+    ordered = {DEFAULT: found.pop(DEFAULT)} if DEFAULT in found else {}
+    return {**ordered, **dict(sorted(found.items()))}
+
+
+def __getattr__(name: str):
+    if name == "ENGINES":
+        return _discover()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def default_spec():
+    """The default engine's declaration, without discovering the others (what module constants need)."""
+    return importlib.import_module(f"{__name__}.{DEFAULT}.spec").SPEC
+
+
+def get(name: str):
+    """The engine called ``name`` (one error line naming the valid ones otherwise)."""
+    engines = _discover()
+    if name not in engines:
+        raise ConfigError(f"unknown engine {name!r}; valid: {', '.join(engines)}")
+    return engines[name]
+
+
+def backend(stack):
+    """The backend module of ``stack``'s engine (``trials.engines.spec.Backend``), in a worker."""
+    return get(stack.engine).runs()
+
+
+def kv_caches() -> dict[str, tuple[int, ...]]:
+    """Every engine's quantized KV caches: backend -> the bits it packs."""
+    return {backend_: bits for engine in _discover().values() for backend_, bits in engine.kv_caches.items()}
+
+
+def weight_types() -> tuple[str, ...]:
+    """Every engine's weight types, each once."""
+    return tuple(dict.fromkeys(p for engine in _discover().values() for p in engine.precisions))

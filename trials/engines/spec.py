@@ -1,14 +1,23 @@
-"""What an engine declares about itself, torch-free: the weights it loads, the KV caches it keeps,
-and the stacks it refuses (with the reason, at plan time).
+"""What an engine declares about itself, torch-free, and what it does in a worker.
 
-Each engine folder (``trials/engines/<name>/``) has a ``spec.py`` whose ``SPEC`` is an ``Engine``;
-``trials.engines.ENGINES`` collects them and ``trials.config.Stack.validate`` asks the stack's engine.
+Each engine folder (``trials/engines/<name>/``) has a ``spec.py`` whose ``SPEC`` is an ``Engine``:
+the weights it loads, the KV caches it keeps and in how many bits, the proposers it speculates
+with, the stacks and models it refuses (with the reason, at plan time), its colour. Its ``backend``
+points at the module that runs it in a worker (``Backend``: load, generate, score, describe), so a
+technique's runner asks the stack's engine instead of branching on its name. ``trials.engines``
+discovers the folders (and the modules named in ``$LLM_SWEEPS_ENGINES``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
+
+
+def _accept(*_args) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -16,28 +25,119 @@ class Engine:
     name: str                                   # ``Stack.engine``
     title: str                                  # how charts and cards name it
     precisions: tuple[str, ...]                 # the weights it loads (``Stack.precision``)
-    kv_backends: tuple[str, ...]                # the quantized KV caches it keeps (``Stack.kv_backend``)
+    kv_caches: Mapping[str, tuple[int, ...]]    # its quantized KV caches (``Stack.kv_backend``) -> the bits each packs
     guard: Callable[[object], str | None]       # why a stack cannot run on it, or None
-    package: str                                # the Python package that runs it
-    generation: str                             # its module: generate_batch(...) and facts(...)
+    package: str                                # the Python package that runs it (planned only where installed)
+    backend: str                                # the module implementing ``Backend`` (imported in a worker)
     calibrated: bool = True                     # the budget calibrates its precisions' step costs; else
-    #                                             it estimates from transformers' reference precision
-    sixteen_bit: tuple[str, ...] = ()           # its 16-bit weights, the base of its effects (the first measured)
-    four_bit: tuple[str, ...] = ()              # its 4-bit weights (a run of the shipped file preferred)
+    #                                             it estimates from the default engine's reference precision
+    sixteen_bit: tuple[str, ...] = ()           # its 16-bit weights, the base of its effects (the first native one)
+    four_bit: tuple[str, ...] = ()              # its 4-bit weights
+    cache_group_size: bool = False              # its quantized cache takes ``Stack.kv_group_size``
+    cache_scored: bool = True                   # its quantized cache is exercised by a teacher-forced window
+    speculates_on_quantized_cache: bool = True  # it rolls a quantized cache back after a rejected proposal
+    proposers: tuple[str, ...] = ("prompt_lookup",)   # the speculation it runs (``Stack.speculation``)
+    devices: tuple[str, ...] = ("cpu", "cuda")  # where the project measures it
+    model_refusal: Callable[[str, dict | None, object], str | None] = _accept
+    #                                             (model name, its config.json, stack): why the model cannot
+    #                                             run the stack on this engine, or None (plan and run time)
+    shipped: Callable[[object], str | None] = _accept   # (registry entry): the weight type a model ships
+    #                                             in, where this engine runs the file as it is
     color: str = "#888888"                      # its colour in every chart
+    weight_word: str = "weights"                # how its weight types are named ("GGUF weights")
+    caption: str = ""                           # how the engine was measured, for chart captions
+    version_tag: str = ""                       # the run tag that names its build or version
+    as_code: str = ""                           # "module:function" (torch-free): (stack, reference
+    #                                             precision) -> the stack as a user's code, for a run that
+    #                                             recorded none (tag ``user_code``)
 
-    def module(self):
-        """The engine's generation module (in a worker: it imports the engine's packages on use)."""
-        import importlib
+    @property
+    def kv_backends(self) -> tuple[str, ...]:
+        return tuple(self.kv_caches)
 
-        return importlib.import_module(self.generation)
+    def runs(self) -> Backend:
+        """The engine's backend module (in a worker: it imports the engine's packages on use)."""
+        return importlib.import_module(self.backend)
+
+    def code(self, stack, reference: str) -> str:
+        """The stack as a user's code on this engine, without running it (``as_code``)."""
+        if not self.as_code:
+            return f"# the {self.name} engine renders no code without a run; rerun the trial to see it"
+        module, _, function = self.as_code.partition(":")
+        return getattr(importlib.import_module(module), function)(stack, reference)
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.package) is not None
+
+    def base(self, device: str) -> str:
+        """Its 16-bit base precision on ``device``: the first of ``sixteen_bit`` that runs natively
+        there (bf16 on a CPU that emulates it is skipped), else the last."""
+        from trials.measurement.hardware import precision_is_native    # torch: only in a planner or worker
+
+        return next((p for p in self.sixteen_bit if precision_is_native(p, device)), self.sixteen_bit[-1])
+
+    def four_bit_for(self, entry) -> str | None:
+        """The 4-bit weights of a model on this engine: the type it ships in where that is 4-bit here
+        (what people deploy), else the engine's first 4-bit type; None where it has none."""
+        shipped = self.shipped(entry)
+        return shipped if shipped in self.four_bit else (self.four_bit[0] if self.four_bit else None)
 
     def refusal(self, stack) -> str | None:
         """Why ``stack`` cannot run on this engine, or None."""
         if stack.precision not in self.precisions:
             return (f"unknown precision {stack.precision!r} for the {self.name} engine; valid: "
                     f"{', '.join(self.precisions)}")
-        if stack.kv_backend != "none" and stack.kv_backend not in self.kv_backends:
+        if stack.kv_backend != "none" and stack.kv_backend not in self.kv_caches:
             return (f"the {self.name} engine keeps no {stack.kv_backend!r} KV cache; its quantized "
-                    f"caches: {', '.join(self.kv_backends) or 'none'}")
+                    f"caches: {', '.join(self.kv_caches) or 'none'}")
+        if stack.speculation != "none" and stack.speculation not in self.proposers:
+            return (f"the {self.name} engine speculates with {', '.join(self.proposers) or 'nothing'}, "
+                    f"not {stack.speculation!r}")
         return self.guard(stack)
+
+
+class Backend(Protocol):
+    """What a trial asks of an engine in a worker; each engine's ``backend`` module defines these.
+
+    ``load(config)`` -> (loaded, prompts): the model under the stack and the workload's prompts (the
+    same text, tokenized as the model's transformers tokenizer does, on every engine).
+    ``prepare(config, loaded, prompts)`` -> ``Prepared``: what ``generate_batch`` gets, and the same
+    stack as a user's code (built once, from one description: what ran is what is shown).
+    ``generate_batch(loaded, batch, new_tokens, timer, kwargs)`` -> a record (``BatchRecord``'s
+    fields): greedy, exactly ``new_tokens`` per row, each token stamped.
+    ``facts(loaded, record)`` -> (metrics, tags): weights bytes, parameters, exact KV bytes.
+    ``trial_facts(config, loaded, measured, prompts, prepared)`` -> (metrics, tags): the engine's own counters
+    and build beside the loop's numbers.
+    ``scorer(config, loaded, context)`` -> a function (token ids -> fp32 logits per position) for
+    teacher-forced quality, or a string saying why this stack is not scored that way.
+    """
+
+    def load(self, config): ...
+    def prepare(self, config, loaded, prompts): ...
+    def generate_batch(self, loaded, batch, new_tokens, timer, generate_kwargs): ...
+    def facts(self, loaded, record): ...
+    def trial_facts(self, config, loaded, measured, prompts, prepared): ...
+    def scorer(self, config, loaded, context): ...
+
+
+@dataclass
+class Prepared:
+    kwargs: dict = field(default_factory=dict)   # what generate_batch gets on top of greedy decoding
+    code: str = ""                               # the same stack as a user's code (the run's ``user_code`` tag)
+    before: object = None                        # what the engine noted before the timed passes
+
+
+@dataclass
+class BatchRecord:
+    """One batch's generation, as the loop reads it from every engine."""
+
+    prompt_ids: list[str]
+    prompt_tokens: int          # longest prompt in the batch (rows are left-padded to it)
+    ttft_s: float
+    decode_s: float
+    new_tokens: int             # per row
+    decode_tokens: int          # per row, after the first
+    kv_cache_bytes: int
+    kv_cache_tokens: int
+    output_ids: list[list[int]]
+    texts: list[str]

@@ -1,11 +1,11 @@
-"""Teacher-forced quality of a stack on either engine, against transformers' reference precision,
-on the very same token windows: perplexity, the reference's perplexity, and the mean KL divergence
-of the candidate's next-token distribution from the reference's.
+"""Teacher-forced quality of a stack on any engine, against the model's reference precision (on the
+default engine), on the very same token windows: perplexity, the reference's perplexity, and the
+mean KL divergence of the candidate's next-token distribution from the reference's.
 
 The windows are ``trials.measurement.perplexity.heldout_windows`` of the model's perplexity method
-(the quantization group's text, context and stride), tokenized by the transformers tokenizer; both
-engines are fed those ids. Per window the reference (transformers) and the candidate (transformers
-logits, or llama.cpp's with ``logits_all``) give log-probabilities in fp32 for every position; the
+(the quantization group's text, context and stride), tokenized by the transformers tokenizer; every
+engine is fed those ids. Per window the reference and the candidate (its engine's ``scorer``: the
+logits of every position) give log-probabilities in fp32 for every position; the
 scored positions are the strided sliding window's (no token scored twice). One window at a time: a
 262k-token vocabulary (Gemma-3) makes whole batches of logits too large to keep.
 """
@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -75,20 +74,3 @@ def compare(reference_model, tokenizer, method, candidate: Callable[[list[int]],
         tokens += len(idx)
     return Quality(math.exp(nll / tokens), math.exp(nll_ref / tokens), kl / tokens, tokens, len(windows),
                    time.perf_counter() - started, corpus_hash, note)
-
-
-def llama_cpp_logits(path: str, context: int, kv_type: int, seed: int) -> Callable[[list[int]], torch.Tensor]:
-    """llama.cpp's logits for every position of a window (a context with ``logits_all``)."""
-    import llama_cpp
-
-    from trials.engines.llama_cpp.binding import threads
-
-    model = llama_cpp.Llama(model_path=path, n_ctx=context, n_batch=context, n_ubatch=context, logits_all=True,
-                            n_threads=threads(), n_threads_batch=threads(), type_k=kv_type, type_v=kv_type,
-                            flash_attn=True, seed=seed, verbose=False)
-
-    def logits(ids: list[int]) -> torch.Tensor:
-        model.reset()
-        model.eval(ids)
-        return torch.from_numpy(np.array(model.scores[:len(ids)], dtype=np.float32))
-    return logits

@@ -37,15 +37,26 @@ from trials.config import four_bit_weights
 from trials.engines import DEFAULT as DEFAULT_ENGINE
 
 FACTOR_TAG = "factor."          # tags.factor.<name> = "0" | "1" on every stacks run
-FACTORS = ("weights", "kv", "spec", "compile", "engine")   # the design's factors, in the order charts list them
+FACTORS = ("weights", "kv", "spec", "compile")   # the design's binary factors, in the order charts list them
+ENGINE_FACTOR = "engine:"       # the engine factor: one -1/+1 column per engine besides the default
 
 
 def stack_factors(stack) -> dict[str, bool]:
-    """Which of the design's binary factors a stack turns on (off: the base stack's level). ``engine``:
-    another engine than transformers (llama.cpp), whose own 16-bit weights are its base level."""
+    """Which of the design's binary factors a stack turns on (off: the base stack's level). The
+    engine is a factor with one level per engine (``engine_factors``), read from the run's engine."""
     return {"weights": four_bit_weights(stack), "kv": stack.kv_bits != 16,
-            "spec": stack.speculation != "none", "compile": stack.compile,
-            "engine": stack.engine != DEFAULT_ENGINE}
+            "spec": stack.speculation != "none", "compile": stack.compile}
+
+
+def engine_factors(frame: pd.DataFrame) -> list[str]:
+    """``engine:<name>`` for every engine besides the default in a stacks frame. Coded +1 on that
+    engine's runs and -1 elsewhere, beside each other, each effect (2 x its coefficient) is that
+    engine's difference from the default engine (the level where all are -1), each on its own 16-bit
+    base (its weights factor's off level)."""
+    if "engine" not in frame:
+        return []
+    names = frame["engine"].fillna(DEFAULT_ENGINE).replace("", DEFAULT_ENGINE)
+    return [f"{ENGINE_FACTOR}{name}" for name in sorted(set(names) - {DEFAULT_ENGINE})]
 
 
 @dataclass(frozen=True)
@@ -94,8 +105,10 @@ def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
 def factor_columns(frame: pd.DataFrame) -> list[str]:
     """The factor names present in a stacks frame (from the ``tags.factor.*`` columns)."""
     prefix = f"tags.{FACTOR_TAG}"
-    names = {c[len(prefix):] for c in frame.columns if c.startswith(prefix)}
-    return [f for f in FACTORS if f in names] + sorted(names - set(FACTORS))
+    names = {c[len(prefix):] for c in frame.columns if c.startswith(prefix)} - {"engine"}   # engine: its column
+    if not names:
+        return []
+    return [f for f in FACTORS if f in names] + sorted(names - set(FACTORS)) + engine_factors(frame)
 
 
 def cells(frame: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
@@ -104,7 +117,11 @@ def cells(frame: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
     if "batch_size" in coded:                   # batched stacks sit beside the design, not in it
         coded = coded[pd.to_numeric(coded["batch_size"]) == 1]
     for name in factors:       # a run from before a factor existed ran at its base level
-        coded[name] = coded[f"tags.{FACTOR_TAG}{name}"].fillna("0").astype(str).map({"0": -1, "1": 1})
+        if name.startswith(ENGINE_FACTOR):
+            engine = coded["engine"].fillna(DEFAULT_ENGINE).replace("", DEFAULT_ENGINE)
+            coded[name] = (engine == name[len(ENGINE_FACTOR):]).map({True: 1, False: -1})
+        else:
+            coded[name] = coded[f"tags.{FACTOR_TAG}{name}"].fillna("0").astype(str).map({"0": -1, "1": 1})
     coded = coded.dropna(subset=factors)
     if "start_time" in coded:
         coded = coded.sort_values("start_time")

@@ -21,6 +21,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from trials.engines import DEFAULT as DEFAULT_ENGINE
 from trials.errors import ConfigError
 from trials.models.registry import perplexity_method
 
@@ -28,8 +29,8 @@ from trials.models.registry import perplexity_method
 @dataclass(frozen=True)
 class ProfileKey:
     """One setting a profile gives the technique: ``kind`` ``int`` (``low``..``high``), ``bool``,
-    ``precision`` (a weight precision), ``cache`` (a KV cache: ``full``, ``hqq4``, ``ggml8``, ...) or
-    ``gguf`` (a llama.cpp weight type: ``f16``, ``q8_0``, ...) or ``engine`` (``transformers``, ``llama_cpp``); ``many``: a
+    ``precision`` (a weight precision of the default engine), ``weight`` (any engine's weight type),
+    ``cache`` (a KV cache: ``full`` or an engine's backend and bits, ``hqq4``) or ``engine``; ``many``: a
     list of them; ``optional``: a built-in profile may leave it out."""
 
     kind: str
@@ -83,7 +84,7 @@ class Technique:
     select: Callable | None = None                 # (configs, stack names, source) -> a sweep file's stacks
     space_reads_store: bool = False                # the space takes ``runs=``: it plans from the store
     device_checks: Callable | None = None          # (DeviceSetup) -> [DeviceCheck]: its GPU-check trials
-    engines: tuple[str, ...] = ("transformers",)   # the engines its trials run on (``Stack.engine``)
+    engines: tuple[str, ...] | None = (DEFAULT_ENGINE,)   # the engines its trials run on; None: every engine
 
     @property
     def implemented(self) -> bool:
@@ -91,7 +92,7 @@ class Technique:
 
     def check(self, stack) -> None:
         """Raise ``ConfigError`` when ``stack`` does not belong to this technique."""
-        if stack.engine not in self.engines:
+        if self.engines is not None and stack.engine not in self.engines:
             raise ConfigError(f"the {self.name} group runs on {', '.join(self.engines)}, not on "
                               f"{stack.engine} (stack {stack.label})")
         reason = self.guard(stack)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from trials.config import TrialConfig
 from trials.engines.llama_cpp import gguf
 from trials.engines.llama_cpp.binding import require_llama_cpp, threads
-from trials.engines.llama_cpp.spec import KV_TYPES, cache_refusal
+from trials.engines.llama_cpp.spec import BYTES_PER_ELEMENT, KV_TYPES, model_refusal
 from trials.errors import ConfigError
 from trials.measurement.instruments import TokenTimer
 from trials.models.registry import model_config
@@ -64,30 +64,70 @@ def _eos_ids(folder: pathlib.Path, tokenizer) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
+class GgmlType(str):
+    """A ggml type by name (``q8_0``): ``llama_cpp.GGML_TYPE_Q8_0`` when run, and in the user's code."""
+
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """llama-cpp-python's prompt-lookup proposer with ``k`` tokens per round."""
+
+    k: int
+
+
+def llama_arguments(stack, n_ctx: int, *, scoring: bool = False) -> dict[str, object]:
+    """``Llama(...)``'s keywords for ``stack`` (beside the model path, the seed and the threads): the
+    one description both run (``materialize``) and shown to the user (``as_code``). Flash attention is
+    on for every cache, so that the cache type is the only difference (llama.cpp needs it for a
+    quantized V cache). ``scoring``: logits for every position of one window in one batch."""
+    kv = GgmlType(KV_TYPES[stack.kv_bits])
+    arguments: dict[str, object] = {"n_ctx": n_ctx, "n_batch": n_ctx if scoring else 512,
+                                    "type_k": kv, "type_v": kv, "flash_attn": True}
+    if scoring:
+        arguments.update(n_ubatch=n_ctx, logits_all=True)
+    elif stack.speculation == "prompt_lookup":
+        arguments["draft_model"] = PromptLookup(stack.num_draft_tokens)
+    return arguments
+
+
+def materialize(arguments: dict[str, object]) -> dict[str, object]:
+    """The keywords with the binding's objects in place of their descriptions."""
+    llama_cpp = require_llama_cpp()
+
+    def real(value):
+        if isinstance(value, GgmlType):
+            return getattr(llama_cpp, f"GGML_TYPE_{value.upper()}")
+        if isinstance(value, PromptLookup):
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            return LlamaPromptLookupDecoding(num_pred_tokens=value.k)
+        return value
+    return {name: real(value) for name, value in arguments.items()}
+
+
+def open_llama(path: pathlib.Path, arguments: dict[str, object], seed: int):
+    """A ``llama_cpp.Llama`` on ``path`` with ``arguments``, on the trial's threads."""
+    llama_cpp = require_llama_cpp()
+    return llama_cpp.Llama(model_path=str(path), n_threads=threads(), n_threads_batch=threads(), seed=seed,
+                           verbose=False, **materialize(arguments))
+
+
 def load(config: TrialConfig, tokenizer, n_ctx: int) -> LoadedGGUF:
     """The stack's GGUF in a context of ``n_ctx`` tokens, from this worker's cache when possible."""
-    llama_cpp = require_llama_cpp()
     stack, entry = config.stack, config.entry()
     key = ("llama_cpp", entry, stack.precision, stack.kv_bits, stack.speculation, stack.num_draft_tokens, n_ctx)
     if key in WORKER.models:
         WORKER.models.move_to_end(key)
         # the same counts dict: the wrapped eval below counts into it (generate_batch takes differences)
         return replace(WORKER.models[key], from_cache=True)
-    refused = cache_refusal(entry.name, model_config(entry), stack.kv_bits)
+    refused = model_refusal(entry.name, model_config(entry), stack)
     if refused:                                # llama.cpp itself says only "Failed to create llama_context"
         raise ConfigError(refused)
     for old in [k for k in WORKER.models if k[0] == "llama_cpp"]:
         del WORKER.models[old]                 # one llama.cpp context per worker
     path, card = gguf.gguf_file(entry, stack.precision)
-    kv_type = getattr(llama_cpp, f"GGML_TYPE_{KV_TYPES[stack.kv_bits].upper()}")
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    draft = (LlamaPromptLookupDecoding(num_pred_tokens=stack.num_draft_tokens)
-             if stack.speculation == "prompt_lookup" else None)
     started = time.perf_counter()
-    model = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads(),
-                            n_threads_batch=threads(), type_k=kv_type, type_v=kv_type, flash_attn=True,
-                            draft_model=draft, seed=config.seed, verbose=False)
+    model = open_llama(path, llama_arguments(stack, n_ctx), config.seed)
     loaded = LoadedGGUF(entry.name, stack.precision, config.device, model, tokenizer,
                         time.perf_counter() - started, path, card,
                         _eos_ids(pathlib.Path(entry.path()), tokenizer), n_ctx)
@@ -168,7 +208,7 @@ def kv_bytes_per_token(loaded: LoadedGGUF, kv_bits: int) -> int:
     key_dim = int(meta.get(f"{arch}.attention.key_length")
                   or int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"]))
     value_dim = int(meta.get(f"{arch}.attention.value_length") or key_dim)
-    per_element = {16: 2.0, 8: 34 / 32, 4: 18 / 32}[kv_bits]
+    per_element = BYTES_PER_ELEMENT[KV_TYPES[kv_bits]]
     return int(layers * heads * (key_dim + value_dim) * per_element)
 
 
@@ -215,19 +255,21 @@ def facts(loaded: LoadedGGUF, record: GGUFRecord) -> tuple[dict[str, float], dic
              "kv_cache_bytes_exact": float(record.kv_cache_bytes)}, {})
 
 
+def _render(value) -> str:
+    if isinstance(value, GgmlType):
+        return f"llama_cpp.GGML_TYPE_{value.upper()}"
+    if isinstance(value, PromptLookup):
+        return f"LlamaPromptLookupDecoding(num_pred_tokens={value.k})"
+    return repr(value)
+
+
 def as_code(config: TrialConfig, n_ctx: int) -> str:
-    """The same stack in a user's llama-cpp-python code."""
-    stack = config.stack
-    kv = KV_TYPES[stack.kv_bits].upper()
-    lines = ["import llama_cpp",
-             "from llama_cpp import Llama"]
-    draft = ""
-    if stack.speculation == "prompt_lookup":
+    """The same stack in a user's llama-cpp-python code, rendered from ``llama_arguments``."""
+    arguments = llama_arguments(config.stack, n_ctx)
+    lines = ["import llama_cpp", "from llama_cpp import Llama"]
+    if any(isinstance(v, PromptLookup) for v in arguments.values()):
         lines.append("from llama_cpp.llama_speculative import LlamaPromptLookupDecoding")
-        draft = f", draft_model=LlamaPromptLookupDecoding(num_pred_tokens={stack.num_draft_tokens})"
-    lines.append(f'llm = Llama(model_path="<{config.model}>.{stack.precision}.gguf", n_ctx={n_ctx}, '
-                 f"flash_attn=True, type_k=llama_cpp.GGML_TYPE_{kv}, type_v=llama_cpp.GGML_TYPE_{kv}{draft})")
+    keywords = ", ".join(f"{name}={_render(value)}" for name, value in arguments.items())
+    lines.append(f'llm = Llama(model_path="<{config.model}>.{config.stack.precision}.gguf", {keywords})')
     lines.append("tokens = list(llm.generate(llm.tokenize(prompt.encode()), temp=0.0))  # greedy")
     return "\n".join(lines)
-
-

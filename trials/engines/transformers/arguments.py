@@ -185,3 +185,8 @@ def as_code(arguments: StackArguments) -> str:
              f"model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens"
              f"{', ' + generate if generate else ''})"]
     return "\n".join([*lines, *(f"# {note}" for note in arguments.notes)])
+
+
+def code_for(stack: Stack, reference: str) -> str:
+    """The stack as a user's code, from its arguments alone (no model at hand: default traits)."""
+    return as_code(stack_arguments(stack, reference))

@@ -9,9 +9,9 @@ time), with the cache it ended with measured to the byte.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from trials.config import TrialConfig
+from trials.engines.spec import BatchRecord, Prepared
 from trials.engines.transformers import compiled, kv_cache, speculation
 from trials.engines.transformers.arguments import ModelTraits, as_code, stack_arguments
 from trials.engines.transformers.materialize import materialize_all
@@ -22,31 +22,11 @@ from trials.models.registry import reference_precision
 from trials.prompts import Prompt
 
 
-@dataclass
-class BatchRecord:
-    prompt_ids: list[str]
-    prompt_tokens: int          # longest prompt in the batch (rows are left-padded to it)
-    ttft_s: float
-    decode_s: float
-    new_tokens: int             # per row
-    decode_tokens: int          # per row, after the first
-    kv_cache_bytes: int
-    kv_cache_tokens: int
-    output_ids: list[list[int]]
-    texts: list[str]
-
-
 class PerCall:
     """A ``generate()`` argument made afresh for every call, e.g. a cache object (``make()``)."""
 
     def __init__(self, make):
         self.make = make
-
-
-@dataclass
-class Prepared:
-    kwargs: dict           # what generate() gets on top of greedy decoding
-    code: str              # the same stack as a user's code (the run's ``user_code`` tag)
 
 
 def traits(config: TrialConfig, loaded: loading.LoadedModel) -> ModelTraits:

@@ -9,7 +9,9 @@ def guard(stack) -> str | None:
     return None             # every stack of the seed's axes runs here (each technique guards its own)
 
 
-SPEC = Engine("transformers", "transformers generate()", PRECISIONS, ("hqq", "quanto"), guard, "transformers",
-              "trials.engines.transformers.generation",
+SPEC = Engine("transformers", "transformers generate()", PRECISIONS, {"hqq": (8, 4, 2), "quanto": (4, 2)},
+              guard, "transformers", "trials.engines.transformers.backend",
               sixteen_bit=("bf16", "fp32"),      # bf16, else fp32 where bf16 is emulated (the fast precision)
-              four_bit=("nf4", "gptq"), color="#636EFA")
+              four_bit=("nf4", "gptq"), cache_group_size=True, cache_scored=False,
+              speculates_on_quantized_cache=False, proposers=("draft", "prompt_lookup"),
+              as_code="trials.engines.transformers.arguments:code_for", color="#636EFA")

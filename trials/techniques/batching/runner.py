@@ -42,8 +42,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from trials import engines
 from trials.config import Runtime, TrialConfig, human_bytes
-from trials.engines.transformers.generation import prepare
 from trials.errors import ConfigError
 from trials.loop import OOM, TrialResult, compare_outputs, failed_result, finish, free_memory, measure, trial_prompts
 from trials.measurement.instruments import model_weights_bytes
@@ -317,7 +317,7 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
              "decode_bytes_per_step": step_bytes,
              "roofline_tok_per_s": roofline_tok_per_s(batch, bandwidth, step_bytes)}
     tags = {"batch1_reference": source, "roofline_kv_source": step_source,
-            "bandwidth_source": bandwidth_source, "user_code": prepare(config, loaded, prompts).code,
+            "bandwidth_source": bandwidth_source, "user_code": engines.backend(config.stack).prepare(config, loaded, prompts).code,
             "prompt_rule": f"every prompt cut to {prompt_tokens} tokens (the shortest), end kept; "
                            f"{len(rows)} rows from {len(prompts)} prompts"}
     result = finish(config, runtime, loaded, measured, extra, tags,

@@ -1,7 +1,7 @@
-"""The engines group's declaration: the same models and prompts on llama.cpp beside transformers,
-and each optimization's effect per engine."""
+"""The engines group's declaration: the same models and prompts on every engine, and each
+optimization's effect per engine."""
 
-from trials.engines import DEFAULT
+from trials import engines
 from trials.models.registry import perplexity_method, reference_precision
 from trials.techniques.spec import ProfileKey, Technique, shrink_eval_windows
 
@@ -16,11 +16,12 @@ def guard(stack) -> str | None:
 
 
 def cost(config, estimate) -> float:
-    """The transformers reference precision on the same prompts (once per model and workload), the
-    trial's passes (llama.cpp's are faster than the estimate's transformers step: an upper bound), and
-    for a stack whose quality is scored the perplexity windows through the reference and the stack."""
+    """The reference precision on the same prompts (once per model and workload), the trial's passes
+    (an engine the budget does not calibrate is estimated at the default engine's step: an upper
+    bound), and for a stack whose quality is scored the perplexity windows through the reference and
+    the stack."""
     s, w = config.stack, config.workload
-    scored = s.speculation == "none" and (s.engine != DEFAULT or s.kv_bits == 16)
+    scored = s.speculation == "none" and (s.kv_bits == 16 or engines.get(s.engine).cache_scored)
     method = perplexity_method(config.entry(), w.eval_windows)
     ref = estimate.step(config.model, reference_precision(config.entry(), config.device)) or estimate.cost
     windows = method.windows * method.context * (ref.prefill_token_s + estimate.cost.prefill_token_s)
@@ -29,16 +30,16 @@ def cost(config, estimate) -> float:
 
 
 SPEC = Technique(
-    NAME, "Engines: the same optimizations on llama.cpp beside transformers", order=6,
+    NAME, "Engines: the same optimizations on every engine", order=6,
     guard=guard,
     runner="trials.techniques.engines.runner:run_engine_trial",
     space="trials.techniques.engines.space:plan",
     section="dashboard.sections.engines",
-    reference="transformers at the model's reference precision on the same prompt token ids, once "
+    reference="the default engine at the model's reference precision on the same prompt token ids, once "
               "per worker, model and workload (tag reference_source)",
-    profile_keys={"gguf_types": ProfileKey("gguf", many=True), "caches": ProfileKey("cache", many=True),
+    profile_keys={"weights": ProfileKey("weight", many=True), "caches": ProfileKey("cache", many=True),
                   "lookup_k": ProfileKey("int", low=1, high=64),
                   "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True),
                   "engines": ProfileKey("engine", many=True, optional=True)},
-    cost=cost, calibrates_reference=True, shrink=shrink_eval_windows, engines=("transformers", "llama_cpp"),
+    cost=cost, calibrates_reference=True, shrink=shrink_eval_windows, engines=None,
 )

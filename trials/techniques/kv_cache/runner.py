@@ -49,8 +49,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from trials import engines
 from trials.config import Runtime, Stack, TrialConfig
-from trials.engines.transformers.generation import prepare
 from trials.engines.transformers.kv_cache import HYBRID_NOTE, cache_kwarg, has_sliding_layers, make_cache
 from trials.errors import ConfigError
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
@@ -232,7 +232,7 @@ def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     loaded = loading.load(config.entry(), stack.precision, config.device)
     footprint = check_model(config, loaded.model.config)
     prompts = trial_prompts(config, loaded)
-    prepared = prepare(config, loaded, prompts)
+    prepared = engines.backend(config.stack).prepare(config, loaded, prompts)
     measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs)
     ref, source = reference(config, loaded, prompts, measured if stack.kv_bits == 16 else None)
     if stack.kv_bits == 16:

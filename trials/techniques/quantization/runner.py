@@ -47,8 +47,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from trials import engines
 from trials.config import Runtime, Stack, TrialConfig
-from trials.engines.transformers.generation import prepare
 from trials.loop import TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.measurement.hardware import DTYPES
 from trials.measurement.perplexity import Perplexity, PerplexityMethod, perplexity
@@ -123,7 +123,7 @@ def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
     stack = config.stack
     loaded = loading.load(config.entry(), stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
-    prepared = prepare(config, loaded, prompts)                       # weights only (group guard)
+    prepared = engines.backend(config.stack).prepare(config, loaded, prompts)                       # weights only (group guard)
     measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs)
     method = perplexity_method(config.entry(), config.workload.eval_windows)
     quality = perplexity(loaded.model, loaded.tokenizer, method)

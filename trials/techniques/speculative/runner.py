@@ -52,8 +52,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from trials import engines
 from trials.config import Runtime, Stack, TrialConfig
-from trials.engines.transformers.generation import prepare
 from trials.engines.transformers.speculation import load_draft, same_vocabulary
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.models import loading
@@ -236,7 +236,7 @@ def run_speculative(config: TrialConfig, runtime: Runtime) -> TrialResult:
     loaded = loading.load(config.entry(), stack.precision, config.device)
     prompts = trial_prompts(config, loaded)
     baseline, source = _baseline(config, loaded, prompts)
-    prepared = prepare(config, loaded, prompts)
+    prepared = engines.backend(config.stack).prepare(config, loaded, prompts)
     probe = SpeculationProbe(loaded.model)
     measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs, probe=probe)
     result = finish(config, runtime, loaded, measured,

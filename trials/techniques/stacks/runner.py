@@ -4,7 +4,7 @@ A stack here is weight precision + KV-cache quantization + speculation + compile
 size), loaded and generated together through the one measurement loop: the weights come quantized
 from ``loading.load``, and ``generate()`` gets every technique's arguments at once (the engine's
 ``prepare``: the quantized cache, the draft model or prompt lookup, the static cache and compile
-config of ``trials.engines.transformers.compiled``). A combination's number is never a sum or
+config: the engine's ``Backend.prepare``). A combination's number is never a sum or
 product of separate trials.
 
 Each trial is compared with two references, both measured once per worker, model and workload (and
@@ -25,9 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trials.config import Runtime, Stack, TrialConfig
-from trials.engines import DEFAULT as DEFAULT_ENGINE
-from trials.engines.transformers import compiled
-from trials.engines.transformers.generation import prepare
+from trials import engines
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.measurement.hardware import fast_precision
 from trials.models import loading
@@ -93,14 +91,14 @@ def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, st
 def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """One combined stack: measured once through the loop, against the baseline and the reference."""
     stack = config.stack
-    if stack.engine != DEFAULT_ENGINE:
+    if stack.engine != engines.DEFAULT:
         return run_on_other_engine(config, runtime)
-    loaded = loading.load(config.entry(), stack.precision, config.device)
+    backend = engines.backend(stack)
+    loaded, prompts = backend.load(config)
     check_model(config, loaded.model.config)       # a cache the quantized backend cannot hold: why
-    prompts = trial_prompts(config, loaded)
-    prepared = prepare(config, loaded, prompts)
-    dynamo_before = compiled.dynamo_counts() if stack.compile else None
+    prepared = backend.prepare(config, loaded, prompts)
     measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs)
+    engine_metrics, engine_tags = backend.trial_facts(config, loaded, measured, prompts, prepared)
     ref, ref_source = reference(config, prompts)
     metrics = compare_outputs(measured.outputs(), ref.outputs)
     quantized = stack.kv_bits != 16 or stack.precision != reference_precision(config.entry(), config.device)
@@ -110,9 +108,10 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
         metrics.update({k: quality[k] for k in ("kl_divergence", "kl_divergence_max", "teacher_forced_top1_match",
                                                 "teacher_forced_tokens", "perplexity", "reference_perplexity",
                                                 "perplexity_ratio", "perplexity_delta")})
-    tags = {"stack_name": stack.design_name, "reference_source": ref_source,
+    metrics.update(engine_metrics)
+    tags = {**engine_tags, "stack_name": stack.design_name, "reference_source": ref_source,
             "reference_precision": reference_precision(config.entry(), config.device),
-            "parts": describe(config), "user_code": prepared.code}
+            "parts": describe(config, engine_tags.get("compile_method", "")), "user_code": prepared.code}
     if stack.speculation != "none":
         tags["proposer"] = stack.draft_model or "prompt lookup"
     tags.update({f"{FACTOR_TAG}{name}": str(int(on)) for name, on in stack_factors(stack).items()})
@@ -124,18 +123,14 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     m["baseline_tok_per_s"] = base.tok_per_s
     m["speedup_vs_baseline"] = m["tok_per_s"] / base.tok_per_s
     m["memory_vs_baseline"] = m["peak_memory_bytes"] / base.peak_memory_bytes
-    if stack.compile:
-        m["compile_warmup_s"] = measured.warmup_s          # the warm-up compiled the decode step
-        graphs, fallback = compiled.compile_record(dynamo_before)
-        m.update(graphs)
-        result.tags.update(fallback)
     return result
 
 
 def run_on_other_engine(config: TrialConfig, runtime: Runtime) -> TrialResult:
-    """A cell of the design's engine level (llama.cpp): measured as the engines group measures it (the
-    same loop, fed the transformers tokenizer's ids, fidelity and KL against the reference precision),
-    then compared with the design's base stack on transformers, as every other cell is."""
+    """A cell of the design's engine level (another engine than the default): measured as the engines
+    group measures it (the same loop, fed the transformers tokenizer's ids, fidelity and KL against
+    the reference precision), then compared with the design's base stack on the default engine, as
+    every other cell is."""
     from trials.techniques.engines.runner import run_engine_trial
 
     result = run_engine_trial(config, runtime)
@@ -153,10 +148,11 @@ def run_on_other_engine(config: TrialConfig, runtime: Runtime) -> TrialResult:
     return result
 
 
-def describe(config: TrialConfig) -> str:
+def describe(config: TrialConfig, compile_method: str = "") -> str:
     """The stack's parts in words, for the hover and the best-stack card."""
     s = config.stack
-    parts = [f"{s.precision} weights"] if s.engine == DEFAULT_ENGINE else [f"{s.engine}: {s.precision} GGUF weights"]
+    word = engines.get(s.engine).weight_word
+    parts = [f"{s.precision} {word}"] if s.engine == engines.DEFAULT else [f"{s.engine}: {s.precision} {word}"]
     parts.append("full KV cache" if s.kv_bits == 16 else f"{s.kv_bits}-bit KV cache ({s.kv_backend})")
     if s.speculation == "draft":
         parts.append(f"draft {s.draft_model}, k={s.num_draft_tokens}")
@@ -165,5 +161,5 @@ def describe(config: TrialConfig) -> str:
     if s.batch_size != 1:
         parts.append(f"batch {s.batch_size}")
     if s.compile:
-        parts.append(compiled.describe())
+        parts.append(compile_method or "compiled decoding")
     return "; ".join(parts)

@@ -10,18 +10,18 @@ uncompiled: ``Stack.validate`` and the group's guard say why) are refused here, 
 log; ``trials.stats.factorial`` leaves their interactions out. Beside the design, the profile's
 batch size, plain and with the smallest weights and cache.
 
-The fifth factor is the engine: on a CPU with llama-cpp-python installed, the same design's cells on
-llama.cpp from its own F16 base (``llama_cpp_cells``: 4-bit GGUF weights, its q4_0 cache, prompt
-lookup; compile is a transformers technique), so an optimization's effect is estimated per engine
-and the best-stack card chooses among both.
+The fifth factor is the engine: for every other engine installed here that runs on this device, the
+same design's cells from its own 16-bit base (``engine_cells``: its 4-bit weights, its 4-bit cache,
+prompt lookup; compiled decoding is the default engine's), so an optimization's effect is estimated
+per engine against the default engine and the best-stack card chooses among all.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import logging
 
+from trials import engines
 from trials.config import Stack, TrialConfig, parse_cache
 from trials.errors import ConfigError
 from trials.models.registry import BUILT_IN, Catalogue
@@ -56,7 +56,8 @@ def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_I
     from trials.measurement.hardware import fast_precision  # torch: only when the group is planned
 
     base = fast_precision(device)
-    llama_cpp_installed = device == "cpu" and importlib.util.find_spec("llama_cpp") is not None
+    others = [e for e in engines.ENGINES.values() if e.name != engines.DEFAULT and device in e.devices]
+    missing = [e for e in others if not e.installed()]
     configs = []
     for entry in planning.targets(models, catalogue):
         model = entry.name
@@ -94,31 +95,37 @@ def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_I
                       Stack(precision="nf4", batch_size=settings["batch_size"], **kv4)):
             configs.append(planning.config(catalogue, NAME, entry, extra, device=device,
                                            workload=workload, repeats=repeats))
-        if llama_cpp_installed:
-            configs += [planning.config(catalogue, NAME, entry, stack, device=device, workload=workload,
-                                        repeats=repeats) for stack in llama_cpp_cells(entry, settings)]
-    if device == "cpu" and not llama_cpp_installed and configs:
-        log.warning("stacks: the llama.cpp half of the design not planned: pip install -e '.[llama]' "
-                    "(make setup installs it)")
+        configs += [planning.config(catalogue, NAME, entry, stack, device=device, workload=workload,
+                                    repeats=repeats)
+                    for engine in others if engine not in missing
+                    for stack in engine_cells(engine, entry, settings, device)]
+    for engine in missing if configs else ():
+        log.warning("stacks: the design's cells on %s not planned: its package %r is not installed "
+                    "(make setup installs it)", engine.name, engine.package)
     return configs
 
 
-def llama_cpp_cells(entry, settings: dict) -> list[Stack]:
-    """The engine factor's level 1: the same design on llama.cpp (CPU), from its own base (F16), over
-    the factors it takes: 4-bit weights (the type a real model ships in, else the engine's first 4-bit
-    type, Q4_0), its 4-bit cache (q4_0 K and V, where the model's heads split into ggml's blocks) and
-    prompt lookup (its only proposer)."""
-    from trials.engines import ENGINES
-    from trials.engines.llama_cpp.spec import NAME as LLAMA_CPP, cache_refusal
-    from trials.models import pypi
+def engine_cells(engine, entry, settings: dict, device: str) -> list[Stack]:
+    """The engine factor's level for ``engine``: the same design from its own base, over the factors
+    it takes: its 4-bit weights (the type a model ships in where that is 4-bit, what people deploy),
+    its cache of the profile's ``kv_cache`` bits (where it packs them and the model can hold it) and
+    prompt lookup (where it has it)."""
     from trials.models.registry import model_config
 
-    engine = ENGINES[LLAMA_CPP]
-    four = pypi.MODELS[entry.location].quant_type.lower() if entry.source == "pypi" else engine.four_bit[0]
-    caches = [16] + ([4] if (refused := cache_refusal(entry.name, model_config(entry), 4)) is None else [])
-    if refused:
-        log.info("stacks: %s: llama.cpp's 4-bit cache left out: %s", entry.name, refused)
+    base = engine.base(device)
+    caches = [(16, "none")]
+    bits = parse_cache(settings["kv_cache"])[0]          # the design's quantized cache, in bits
+    backend = next((name for name, packs in engine.kv_caches.items() if bits in packs), None)
+    if backend:
+        probe = Stack(engine=engine.name, precision=base, kv_bits=bits, kv_backend=backend)
+        refused = engine.model_refusal(entry.name, model_config(entry), probe)
+        if refused is None:
+            caches.append((bits, backend))
+        else:
+            log.info("stacks: %s: the %d-bit cache on %s left out: %s", entry.name, bits, engine.name, refused)
+    lookups = [False] + ([True] if "prompt_lookup" in engine.proposers else [])
     lookup = dict(speculation="prompt_lookup", num_draft_tokens=settings["draft_k"])
-    return [Stack(engine=LLAMA_CPP, precision=weights, kv_bits=bits,
-                  kv_backend=engine.kv_backends[0] if bits != 16 else "none", **(lookup if speculation else {}))
-            for weights in (engine.sixteen_bit[0], four) for bits in caches for speculation in (False, True)]
+    return [Stack(engine=engine.name, precision=weights, kv_bits=bits, kv_backend=backend,
+                  **(lookup if speculation else {}))
+            for weights in dict.fromkeys(w for w in (base, engine.four_bit_for(entry)) if w)
+            for bits, backend in caches for speculation in lookups]

@@ -1,6 +1,6 @@
 """The stacks group's declaration: techniques combined in one trial, and each one's effect."""
 
-from trials.engines import DEFAULT as DEFAULT_ENGINE
+from trials import engines
 from trials.models.registry import reference_precision
 from trials.config import Stack
 from trials.techniques.spec import DeviceCheck, ProfileKey, Technique
@@ -13,8 +13,8 @@ SPEC_NEEDS_CROP = ("KV-cache quantization and speculation cannot run together: t
 
 
 def guard(stack) -> str | None:
-    transformers = stack.engine == DEFAULT_ENGINE        # llama.cpp rolls its cache back by itself
-    return SPEC_NEEDS_CROP if transformers and stack.kv_bits != 16 and stack.speculation != "none" else None
+    crops = engines.get(stack.engine).speculates_on_quantized_cache
+    return SPEC_NEEDS_CROP if not crops and stack.kv_bits != 16 and stack.speculation != "none" else None
 
 
 def cost(config, estimate) -> float:
@@ -72,5 +72,5 @@ SPEC = Technique(
                   "batch_size": ProfileKey("int", low=2, high=65_536),
                   "compile_interactions": ProfileKey("bool")},
     cost=cost, calibrates_reference=True, select=select, space_reads_store=True,
-    device_checks=device_checks, engines=("transformers", "llama_cpp"),
+    device_checks=device_checks, engines=None,
 )
