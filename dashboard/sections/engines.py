@@ -115,7 +115,25 @@ def _quality(row) -> str:
             parts.append(f"{label} {float(value):{fmt}}")
     if row.get("tags.weights_as_shipped") == "True":
         parts.append("weights as shipped")
+    checked = _benchmark(row)
+    if checked:
+        parts.append(checked[0])
     return ", ".join(parts) or "not scored"
+
+
+def _benchmark(row) -> tuple[str, bool] | None:
+    """(how the run's decode rate compares with its engine's own benchmark on the same file, whether
+    they differ by more than the tolerance), or None where the engine has no benchmark or it did not run."""
+    engine = ENGINES.get(row.get("engine"))
+    if engine is None or not engine.benchmark_ratio:
+        return None
+    ratio, tolerance = row.get(engine.benchmark_ratio), engine.benchmark_tolerance
+    if ratio is None or pd.isna(ratio):
+        return None
+    plain = row.get("speculation", "none") in ("none", None) or pd.isna(row.get("speculation"))
+    off = plain and abs(float(ratio) - 1) > tolerance
+    return f"x{float(ratio):.2f} of {engine.benchmark}'s decode rate" + (" (differs by more than "
+                                                                          f"{tolerance:.0%})" if off else ""), off
 
 
 def scatter(rows: pd.DataFrame, model: str | None) -> go.Figure:
@@ -214,7 +232,18 @@ def caption(frame: pd.DataFrame) -> str:
     return (f"Median decode tok/s over {count_range(rows, 'repeats')} repeats ({WHISKERS}); batch 1, greedy, "
             f"{count_range(rows, 'max_new_tokens')} new tokens per prompt, the same prompt token ids on every "
             f"engine (the transformers tokenizer's). {' '.join(notes)} Real models' values are 4-bit-derived. "
-            "Effects: a 95 % t-interval on the log ratio of two runs.")
+            f"Effects: a 95 % t-interval on the log ratio of two runs.{_benchmark_note(rows)}")
+
+
+def _benchmark_note(rows: pd.DataFrame) -> str:
+    """Which runs' decode rates differ from their engine's own benchmark by more than its tolerance."""
+    checked = [(row, _benchmark(row)) for _, row in rows.iterrows()]
+    checked = [(row, found) for row, found in checked if found]
+    if not checked:
+        return ""
+    off = [f"{row['model']} {row['stack']} ({found[0]})" for row, found in checked if found[1]]
+    return (f" Each run's decode rate beside its engine's own benchmark on the same file ({len(checked)} runs): "
+            + (f"{len(off)} differ by more than the tolerance: {'; '.join(off)}." if off else "all within the tolerance."))
 
 
 def report(frame: pd.DataFrame) -> list[str]:
@@ -222,8 +251,8 @@ def report(frame: pd.DataFrame) -> list[str]:
     if not has(frame, *NEEDED):
         return []
     rows = _rows(frame)
-    lines = ["| model | engine | stack | tok/s (95 % interval) | peak MB | token match | KL (nats) | perplexity |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | engine | stack | tok/s (95 % interval) | peak MB | token match | KL (nats) | perplexity | vs own benchmark |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def number(row, column: str, fmt: str) -> str:
         value = row.get(column)
@@ -234,7 +263,8 @@ def report(frame: pd.DataFrame) -> list[str]:
         ci = f" ({float(low):.1f}–{float(high):.1f})" if low is not None and not pd.isna(low) else ""
         lines.append(f"| {row['model']} | {row['engine']} | {row['stack']} | {float(row['tok_per_s']):.1f}{ci} | "
                      f"{float(row['peak_memory_bytes']) / MB:.0f} | {number(row, 'fidelity_token_match', '.2f')} | "
-                     f"{number(row, 'kl_divergence', '.4f')} | {number(row, 'perplexity', '.2f')} |")
+                     f"{number(row, 'kl_divergence', '.4f')} | {number(row, 'perplexity', '.2f')} | "
+                     f"{(_benchmark(row) or ('',))[0]} |")
     lines += ["", "| model | effect | " + " | ".join(sorted(rows["engine"].unique())) + " |",
               "| --- | --- | " + " | ".join("---" for _ in rows["engine"].unique()) + " |"]
     for model, part in rows.groupby("model"):

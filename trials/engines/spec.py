@@ -46,6 +46,9 @@ class Engine:
     color: str = "#888888"                      # its colour in every chart
     weight_word: str = "weights"                # how its weight types are named ("GGUF weights")
     caption: str = ""                           # how the engine was measured, for chart captions
+    benchmark: str = ""                         # its own benchmark tool, run beside each trial ("llama-bench")
+    benchmark_ratio: str = ""                   # the metric: our decode rate / that tool's (1: they agree)
+    benchmark_tolerance: float = 0.25           # the section flags a ratio further than this from 1
     version_tag: str = ""                       # the run tag that names its build or version
     as_code: str = ""                           # "module:function" (torch-free): (stack, reference
     #                                             precision) -> the stack as a user's code, for a run that

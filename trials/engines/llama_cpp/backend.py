@@ -11,11 +11,12 @@ import numpy as np
 import torch
 
 from trials.config import TrialConfig
-from trials.engines.llama_cpp import generation
-from trials.engines.llama_cpp.binding import require_llama_cpp
+from trials.engines.llama_cpp import generation, tools
+from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.engines.llama_cpp.generation import facts, generate_batch   # noqa: F401  (the interface)
 from trials.engines.llama_cpp.spec import KV_TYPES, NAME
 from trials.engines.spec import Prepared
+from trials.errors import ConfigError
 from trials.loop import trial_prompts
 from trials.models import loading
 from trials.models.registry import reference_precision
@@ -59,15 +60,40 @@ def trial_facts(config: TrialConfig, loaded, measured, prompts, prepared: Prepar
     if stack.speculation == "prompt_lookup":
         metrics["target_passes_per_token"] = sum(r.target_passes for r in records) / max(1, new - len(records))
         metrics["tokens_per_target_pass"] = 1 / metrics["target_passes_per_token"] if metrics["target_passes_per_token"] else 0.0
-    tags = {"engine": NAME, "gguf_type": stack.precision, "gguf_file": loaded.card.get("file", ""),
+    bench, bench_tags = cross_check(config, loaded, measured)
+    metrics.update(bench)
+    tags = {**bench_tags, "engine": NAME, "gguf_type": stack.precision, "gguf_file": loaded.card.get("file", ""),
             "gguf_origin": loaded.card.get("origin", ""),
             "weights_as_shipped": str(loaded.card.get("origin") == "shipped"),
-            "llama_cpp_python": binding.__version__,
+            "llama_cpp_python": binding.__version__, "llama_cpp_build_flags": " ".join(tools.cmake_flags()),
             "llama_cpp_system": binding.llama_print_system_info().decode(errors="replace")[:250],
             "kv_cache_type": KV_TYPES[stack.kv_bits], "flash_attn": "True",
             "tokenizer_parity_prompts": ",".join(p.id for p, same in zip(prompts, parity) if not same) or "all",
             "kv_cache_bytes_method": "ggml block sizes x tokens held (llama.cpp allocates n_ctx tokens up front: "
                                      "kv_cache_allocated_bytes)"}
+    return metrics, tags
+
+
+def cross_check(config: TrialConfig, loaded, measured) -> tuple[dict[str, float], dict[str, str]]:
+    """llama.cpp's own benchmark (``llama-bench``, built beside the binding from the same source and
+    flags) on the same GGUF, cache type, threads, prompt length and new tokens, beside the loop's
+    decode rate: ``llama_bench_tg_ratio`` = ours / its (1 where both measure the same thing; prompt
+    lookup is not in llama-bench, so there the ratio is the speculation's gain over plain decoding)."""
+    records = [r for rep in measured.repeats for r in rep]
+    ours = statistics.median(sum(r.decode_tokens for r in rep) / sum(r.decode_s for r in rep) for rep in measured.repeats)
+    try:
+        tools.tools_dir(build=False)
+        bench = tools.llama_bench(loaded.path, threads(), prompt_tokens=round(statistics.mean(r.prompt_tokens for r in records)),
+                                  gen_tokens=config.workload.max_new_tokens, repeats=max(2, config.repeats),
+                                  cache_type=KV_TYPES[config.stack.kv_bits], flash_attn=True)
+    except (ConfigError, tools.ToolError) as exc:
+        return {}, {"llama_bench_error": str(exc).splitlines()[0][:300]}
+    metrics = {k: float(v) for k, v in bench.items() if k.endswith(("tok_per_s", "tok_per_s_std")) and v is not None}
+    tags = {k: str(v)[:250] for k, v in bench.items() if k not in metrics and v is not None}
+    if metrics.get("llama_bench_tg_tok_per_s"):
+        metrics["llama_bench_tg_ratio"] = ours / metrics["llama_bench_tg_tok_per_s"]
+    if config.stack.speculation != "none":
+        tags["llama_bench_note"] = "llama-bench decodes without prompt lookup: the ratio is the speculation's gain"
     return metrics, tags
 
 

@@ -67,7 +67,7 @@ def converter_dir() -> pathlib.Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        sdist = _download_sdist(version, pathlib.Path(tmp))
+        sdist = download_sdist(version, pathlib.Path(tmp))
         staged = pathlib.Path(tmp) / "converter"
         _extract(sdist, staged)
         try:
@@ -78,8 +78,13 @@ def converter_dir() -> pathlib.Path:
     return folder
 
 
-def _download_sdist(version: str, into: pathlib.Path) -> pathlib.Path:
-    print(f"llama.cpp converter: fetching llama-cpp-python {version}'s source package with pip "
+def download_sdist(version: str, into: pathlib.Path, needed_by: str = "llama.cpp converter",
+                   hint: str = f"; or set ${CONVERTER_ENV_VAR} to a llama.cpp checkout holding {SCRIPT}",
+                   ) -> pathlib.Path:
+    """llama-cpp-python ``version``'s source package, fetched with pip into ``into``: its
+    ``vendor/llama.cpp`` holds the converter and the tools (``tools.py``). pip's download cache
+    makes a second fetch quick."""
+    print(f"{needed_by}: fetching llama-cpp-python {version}'s source package with pip "
           "(once per machine)", file=sys.stderr, flush=True)
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
                            ":all:", f"llama-cpp-python=={version}", "-d", str(into)],
@@ -87,9 +92,8 @@ def _download_sdist(version: str, into: pathlib.Path) -> pathlib.Path:
     found = sorted(into.glob("llama_cpp_python-*.tar.gz"))
     if done.returncode != 0 or not found:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"llama.cpp's converter is in llama-cpp-python's source package, and pip "
-                          f"could not fetch it ({last}); or set ${CONVERTER_ENV_VAR} to a llama.cpp "
-                          f"checkout holding {SCRIPT}")
+        raise ConfigError(f"{needed_by}: pip could not fetch llama-cpp-python {version}'s source package "
+                          f"({last}){hint}")
     return found[0]
 
 

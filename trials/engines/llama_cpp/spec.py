@@ -60,6 +60,7 @@ SPEC = Engine(NAME, "llama.cpp (llama-cpp-python)", GGUF_TYPES, {"ggml": (8, 4)}
               sixteen_bit=("f16",), four_bit=("q4_0", "q4_1", "q4_k_m"), proposers=("prompt_lookup",),
               devices=("cpu",), model_refusal=model_refusal, shipped=shipped, color="#EF553B",
               weight_word="GGUF weights", version_tag="llama_cpp_python",
+              benchmark="llama-bench", benchmark_ratio="llama_bench_tg_ratio",
               caption="fed the transformers tokenizer's ids (tokenizer_parity says where its own tokenizer "
                       "agrees), flash attention on, its KV bytes computed from ggml block sizes; its GGUF types "
                       "made by llama.cpp's converter (F16) and quantizer from each model's HF folder, beside a "
