@@ -208,19 +208,26 @@ sys.exit(report.main(["--tracking-uri", uri]))
 """
 
 
+def run_declared_outside(variable: str, module: str, script: str, tmp_path):
+    """``script`` in a fresh process with ``module`` (in tests/) named in ``$variable``, given a fresh
+    store and an export path; its completed process (exit code 0 checked) and the export's path."""
+    import os
+
+    env = {**os.environ, variable: module,
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-c", script, uri, str(out)], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done, out
+
+
 def test_a_technique_declared_outside_runs_from_plan_to_export(tiny_zoo, tmp_path):
     """tests/toy_technique.py, named in $LLM_SWEEPS_TECHNIQUES, is planned, run, logged to a real store,
     drawn by the export and tabled by the report in a fresh process, with no line of the project
     changed: what a technique is lives in its own folder (here, its own module). (The sweep's Ray
     path is the same for every technique: tests/test_sweep.py.)"""
-    import os
-
-    env = {**os.environ, "LLM_SWEEPS_TECHNIQUES": "toy_technique",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-c", TOY_END_TO_END, uri, str(out)], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done, out = run_declared_outside("LLM_SWEEPS_TECHNIQUES", "toy_technique", TOY_END_TO_END, tmp_path)
     assert "Toy: a technique declared outside the project" in out.read_text()
     assert "distinct tokens" in out.read_text()            # the toy section's chart
     assert "distinct tokens |" in done.stdout               # its report table
@@ -307,14 +314,7 @@ def test_an_engine_declared_outside_runs_from_plan_to_export(tiny_zoo, tmp_path)
     one loop through its own backend (a greedy loop over forward()), scored against the reference,
     logged to a real store, drawn by the export and tabled by the report, with no line of the project
     changed."""
-    import os
-
-    env = {**os.environ, "LLM_SWEEPS_ENGINES": "toy_engine",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-c", TOY_ENGINE_END_TO_END, uri, str(out)], capture_output=True,
-                          text=True, timeout=600, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done, out = run_declared_outside("LLM_SWEEPS_ENGINES", "toy_engine", TOY_ENGINE_END_TO_END, tmp_path)
     page = out.read_text()
     assert "a greedy loop over forward()" in page                # the engines caption names the toy engine
     assert "| tiny-gqa | toy |" in done.stdout                    # the report's engines table

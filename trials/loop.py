@@ -91,12 +91,17 @@ def energy_metrics(energy: Energy, repeats: list[list[BatchRecord]]) -> tuple[di
             {"energy_method": energy.method})
 
 
+def decode_rates(repeats: list[list[BatchRecord]]) -> list[float]:
+    """Each repeat's decode tok/s over all its batches (aggregate over a batch's rows): ``tok_per_s``
+    is their median."""
+    return [sum(b.decode_tokens * len(b.prompt_ids) for b in rep) / sum(b.decode_s for b in rep) for rep in repeats]
+
+
 def _summarize(config: TrialConfig, loaded: loading.LoadedModel,
                repeats: list[list[BatchRecord]], added_peak_bytes: int) -> tuple[dict[str, float], dict[str, str]]:
     """The trial's metrics, and tags that explain any predicted value it could not compute."""
     batch_size = config.stack.batch_size
-    throughput = [sum(b.decode_tokens * len(b.prompt_ids) for b in rep) / sum(b.decode_s for b in rep)
-                  for rep in repeats]
+    throughput = decode_rates(repeats)
     records = [b for rep in repeats for b in rep]
     biggest = max(repeats[0], key=lambda b: b.kv_cache_tokens)
     facts, notes = engine(config).facts(loaded, biggest)     # weights, parameters, exact KV bytes

@@ -17,7 +17,7 @@ from trials.engines.llama_cpp.generation import facts, generate_batch   # noqa: 
 from trials.engines.llama_cpp.spec import KV_TYPES, NAME
 from trials.engines.spec import Prepared
 from trials.errors import ConfigError
-from trials.loop import trial_prompts
+from trials.loop import decode_rates, trial_prompts
 from trials.models import loading
 from trials.models.registry import reference_precision
 
@@ -80,7 +80,7 @@ def cross_check(config: TrialConfig, loaded, measured) -> tuple[dict[str, float]
     decode rate: ``llama_bench_tg_ratio`` = ours / its (1 where both measure the same thing; prompt
     lookup is not in llama-bench, so there the ratio is the speculation's gain over plain decoding)."""
     records = [r for rep in measured.repeats for r in rep]
-    ours = statistics.median(sum(r.decode_tokens for r in rep) / sum(r.decode_s for r in rep) for rep in measured.repeats)
+    ours = statistics.median(decode_rates(measured.repeats))            # the loop's tok_per_s
     try:
         tools.tools_dir(build=False)
         bench = tools.llama_bench(loaded.path, threads(), prompt_tokens=round(statistics.mean(r.prompt_tokens for r in records)),
