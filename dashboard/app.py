@@ -33,7 +33,8 @@ from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaul
 from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note
 from trials import groups
 from trials.errors import one_line_errors
-from trials.redaction import redact
+from trials.redaction import one_line, redact
+from trials.redaction import shown as shown_value
 
 PAGE_TITLE = "Which inference optimizations actually help?"
 MUTED = {"color": "#555", "fontSize": "0.9em"}
@@ -89,7 +90,7 @@ def render_section(section, runs: tracking.RunsCache) -> html.Section:
     try:
         frame = section_frame(section, runs)
     except Exception as exc:  # one broken query must not take the whole page down
-        body = [empty_state(section.GROUP, redact(f"Could not read this group: {type(exc).__name__}: {exc}"))]
+        body = [empty_state(section.GROUP, one_line(f"Could not read this group: {type(exc).__name__}: {exc}"))]
     else:
         charts = section.figures(frame)
         if not charts:
@@ -203,7 +204,7 @@ def _web_url(text: str) -> str:
     (never javascript:, data: or file:)."""
     parts = urlsplit(text)
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc or text != text.strip():
-        raise argparse.ArgumentTypeError(f"{redact(text)!r} is not an http:// or https:// URL")
+        raise argparse.ArgumentTypeError(f"{shown_value(text)} is not an http:// or https:// URL")
     return text
 
 
@@ -257,7 +258,7 @@ def _refresh(runs: tracking.RunsCache, full: bool = False) -> None:
     try:
         runs.refresh(full=full)
     except Exception as exc:  # a store that went away: keep showing what the page has
-        print(f"warning: could not read {redact(runs.uri)}: {type(exc).__name__}: {redact(exc)}", file=sys.stderr, flush=True)
+        print(f"warning: could not read {redact(runs.uri)}: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr, flush=True)
 
 
 def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s: float = REFRESH_S,
@@ -457,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
         check_port_free(args.host, args.port)
     except (tracking.TrackingError, OSError) as exc:
-        print(f"error: {redact(exc)}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     print(f"Reading {redact(uri)} ...", flush=True)
     runs = open_store(uri)

@@ -25,7 +25,7 @@ from dashboard.reader import failed_runs, open_store, section_frame, unmeasured_
 from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaults
 from dashboard.sections.common import emulation_note, mark_emulated, real_model_note
 from trials.errors import one_line_errors
-from trials.redaction import redact
+from trials.redaction import one_line, redact
 
 TITLE = "Which inference optimizations actually help?"
 STYLE = """
@@ -48,7 +48,7 @@ def _section(section, runs: tracking.RunsCache) -> str:
         frame = section_frame(section, runs)
         charts = section.figures(frame)
     except Exception as exc:  # one broken group must not lose the others
-        return "".join(parts) + f"<p class='empty'>Could not read this group: {html.escape(redact(f'{type(exc).__name__}: {exc}'))}</p>"
+        return "".join(parts) + f"<p class='empty'>Could not read this group: {html.escape(one_line(f'{type(exc).__name__}: {exc}'))}</p>"
     if not charts:
         parts.append(f"<p class='empty'>No finished runs yet. Fill it with: "
                      f"<code>python sweeps/full.py --groups {html.escape(section.GROUP)}</code></p>")
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
     except tracking.TrackingError as exc:
-        print(f"error: {redact(exc)}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     out = Path(args.out)
     try:

@@ -24,7 +24,7 @@ from dashboard.sections import all_sections
 from dashboard.sections.common import real_model_note, trial_seconds
 from trials import groups
 from trials.errors import one_line_errors
-from trials.redaction import redact
+from trials.redaction import one_line, redact
 
 
 def all_runs(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             raise tracking.TrackingError(f"{redact(uri)} holds no finished runs: run a sweep into it first "
                                          "(python sweeps/full.py --tracking-uri ...)")
     except tracking.TrackingError as exc:
-        print(f"llm-report: error: {redact(exc)}", file=sys.stderr)
+        print(f"llm-report: error: {one_line(exc)}", file=sys.stderr)
         return 2
     if args.out is None:
         print(report(uri, frames), end="")

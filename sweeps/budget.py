@@ -115,10 +115,19 @@ def _key(model: ModelEntry, precision: str, device: str, threads: int) -> str:
 
 
 def _read_cache() -> dict:
+    """The cached step costs; none where there is no cache, and, said in one line, where it is damaged
+    (not JSON, or not the shape this module writes): then every model is measured again."""
+    path = cache_file()
     try:
-        data = json.loads(cache_file().read_text())
-        return data["entries"] if data.get("format") == CALIBRATION_FORMAT else {}
-    except (OSError, ValueError, KeyError, TypeError):
+        data = json.loads(path.read_text())
+        entries = data["entries"] if data.get("format") == CALIBRATION_FORMAT else {}
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+            raise TypeError("entries are not a mapping of mappings")
+        return entries
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        log.warning("calibration cache %s is damaged (%s): measuring again", path, type(exc).__name__)
         return {}
 
 
@@ -178,9 +187,9 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int,
     todo = []
     for model, precision in sorted(pairs, key=lambda pair: (pair[0].name, pair[1])):
         entry = None if recalibrate else cache.get(_key(model, precision, device, threads))
-        if entry:
+        try:
             costs[(model.name, precision)] = StepCost(**entry)
-        else:
+        except TypeError:                    # not cached, or an entry of another shape: measured again
             todo.append((model, precision))
     if not todo:
         return costs

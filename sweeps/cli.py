@@ -11,13 +11,14 @@ from sweeps import budget
 from trials import groups
 from trials.errors import ConfigError
 from trials.models.registry import BUILT_IN, Catalogue, all_models
+from trials.redaction import one_line
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def comma_list(text: str) -> list[str]:

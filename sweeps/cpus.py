@@ -59,7 +59,7 @@ def reserved(path: str | Path | None) -> dict | None:
         return None
     try:
         state = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(state, dict) or not _alive(int(state.get("pid", 0) or 0)):
         return None

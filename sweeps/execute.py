@@ -29,7 +29,7 @@ from sweeps.summary import Phases, print_phases, print_summary, write_summary_js
 from sweeps.zoo_stage import ZooStage, stop, trains_beside
 from trials.config import TrialConfig
 from trials.errors import ConfigError
-from trials.redaction import redact
+from trials.redaction import one_line
 
 log = logging.getLogger("sweeps")
 
@@ -69,7 +69,7 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
             costs = calibrate(now if job else trials, args, device) if budget_s is not None else {}
             phases.calibrate_s = time.perf_counter() - phase
     except ConfigError as exc:
-        print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
+        print(f"python sweeps/full.py: error: {one_line(exc)}", file=sys.stderr)
         stop(job, reservation_path)
         return 2
     now, first = fit_stage(now, costs, budget.first_stage_budget(budget_s, len(flat(now)), len(flat(trials))),

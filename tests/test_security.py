@@ -227,3 +227,52 @@ def test_a_logged_trial_holds_no_secret(secret_env):
     assert result.tags["env.device"] == "cuda" and "env.git_sha" in result.tags
     _assert_no_secret(result.tags | {"error": result.error}, config.flat_params(),
                       json.dumps(result.to_dict()))
+
+
+# --- secrets in every part of a URI, and values echoed back short ------------------------------------
+
+HIDDEN = [
+    ("http://alice:pw-1@host:5000/", "http://alice:***@host:5000/"),
+    ("https://tok-2@host/", "https://***@host/"),                                  # a token alone
+    ("https://alice:p@ss-3@host/x@y", "https://alice:***@host/x@y"),               # an '@' in the password
+    ("http://host/?token=tok-4&x=1", "http://host/?token=***&x=1"),
+    ("http://host/p?X-Amz-Credential=AKIA-5&X-Amz-Signature=sig-6",
+     "http://host/p?X-Amz-Credential=***&X-Amz-Signature=***"),
+    ("http://host/?API-Key=key-7;session_id=s-8", "http://host/?API-Key=***;session_id=***"),
+    ("http://host/#access_token=tok-9", "http://host/#access_token=***"),
+    ("s3://AKIA:secret-10@bucket/path", "s3://AKIA:***@bucket/path"),
+]
+
+
+@pytest.mark.parametrize("uri, shown", HIDDEN, ids=[h[1] for h in HIDDEN])
+def test_secrets_in_every_part_of_a_uri_are_hidden(uri, shown):
+    from trials.redaction import one_line, redact
+
+    assert redact(uri) == shown
+    assert redact(f"tracking store {uri} is unreachable") == f"tracking store {shown} is unreachable"
+    assert one_line(RuntimeError(f"cannot reach {uri}")) == f"cannot reach {shown}"
+
+
+def test_what_is_not_a_secret_is_left_as_it_is():
+    from trials.redaction import redact
+
+    for text in ("sqlite:////tmp/a@b/mlflow.db", "http://127.0.0.1:5000", "max_new_tokens=8", "tiny-gqa fp32"):
+        assert redact(text) == text
+
+
+def test_an_echoed_value_is_short_and_never_expanded():
+    """A 10 MB value, a YAML alias expansion (9**9 strings) and a value nested thousands deep are
+    echoed back within a line with no secret (redacted before they are cut); the expansion's whole
+    repr would be gigabytes, so this test only ends when it is never built."""
+    from trials.redaction import MAX_LINE, MAX_VALUE, one_line, shown
+
+    expansion = ["x"] * 9
+    for _ in range(8):
+        expansion = [expansion] * 9
+    deep: list = []
+    for _ in range(10_000):
+        deep = [deep]
+    for value in ("x" * 10_000_000, expansion, deep):
+        assert len(shown(value)) <= MAX_VALUE + 1
+    line = one_line(f"unknown model {'x' * 10_000_000!r}\nsecond line http://u:{'s' * 500}@host/ " + "y " * 5000)
+    assert "\n" not in line and len(line) <= MAX_LINE + 1 and "s" * 20 not in line and "u:***@host" in line

@@ -40,7 +40,7 @@ def read_live(uri: str, now: float | None = None) -> dict | None:
     path = live_path(uri)
     try:
         state = json.loads(path.read_text()) if path is not None else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(state, dict) or (now or time.time()) - float(state.get("written", 0)) > FRESH_S:
         return None

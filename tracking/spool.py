@@ -52,7 +52,7 @@ def pending(uri: str | None = None) -> list[Path]:
         try:
             if json.loads(path.read_text()).get("uri") == uri:
                 mine.append(path)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError, AttributeError):     # not a spooled record
             continue
     return mine
 

@@ -10,8 +10,12 @@ The default store is ``sqlite:///<cwd>/mlflow.db``; ``MLFLOW_TRACKING_URI`` or a
 run in other directories than the driver. The driver calls ``prepare_store`` before any trial
 starts: it creates the schema and every experiment, with an artifact location beside the database,
 so that workers never race to create them and artifacts never land in Ray's temporary folders.
-A sqlite store whose schema is not the pinned mlflow's (a newer MLflow migrated it, which this one
-cannot read) is refused in one line before MLflow opens it (``check_schema``).
+A sqlite path is checked before MLflow opens it (``check_sqlite``, ``check_schema``), because MLflow
+creates its tables in whatever file it is given and ends in a SQLAlchemy traceback on anything else:
+a folder, a file that is not sqlite or is truncated or damaged, another program's database, a schema
+that is not the pinned mlflow's (a newer MLflow migrated it, which this one cannot read) are each
+one line. A reader (dashboard, export, report, recommend) never creates or changes a store: an empty
+file is refused, not given MLflow's tables.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from trials.redaction import redact
 from trials import groups
 
 TRIAL_ARTIFACT = "trial.json"
+ARTIFACT_FOLDER = "mlartifacts"          # beside a sqlite store: its experiments' artifacts
 _RETRIES = 5
 # MLflow retries an HTTP request 7 times with exponential backoff (minutes) by default; a worker whose
 # tracking server is away waits ~15 s and then spools its result instead (tracking.spool).
@@ -76,16 +81,10 @@ def reachable_uri(uri: str | None = None, must_exist: bool = False) -> str:
 
 def check_reachable(uri: str, timeout_s: float = 5.0, writable: bool = True) -> None:
     """Raise ``TrackingError`` with one line when the store cannot be reached, or (``writable``)
-    written."""
+    written, or (a sqlite file) is not an MLflow store this tool can open (``check_sqlite``)."""
     path = _sqlite_path(uri)
     if path is not None:
-        if not path.parent.is_dir():
-            raise TrackingError(f"tracking store {redact(uri)} is unreachable: folder {path.parent} does not exist")
-        if writable and (not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK))):
-            raise TrackingError(f"tracking store {redact(uri)} is not writable")
-        if not writable and path.exists() and not os.access(path, os.R_OK):
-            raise TrackingError(f"tracking store {redact(uri)} is not readable")
-        check_schema(uri)
+        check_sqlite(uri, path, writable)
         return
     if uri.startswith(("http://", "https://")):
         import requests
@@ -101,6 +100,29 @@ def check_reachable(uri: str, timeout_s: float = 5.0, writable: bool = True) -> 
     raise TrackingError(f"unsupported tracking URI {redact(uri)!r}; use sqlite:///path/mlflow.db or http(s)://")
 
 
+def check_sqlite(uri: str, path: Path, writable: bool) -> None:
+    """What the path is, checked before MLflow touches it (MLflow would create its tables in any file
+    it is given, or end in a SQLAlchemy traceback): its folder exists; it is a file, not a folder;
+    a writer may write it and its folder, a reader may read it; and what is there is an MLflow
+    store (``check_schema``). A writer may start from nothing (no file, or an empty one)."""
+    shown = redact(uri)
+    if not path.parent.is_dir():
+        raise TrackingError(f"tracking store {shown} is unreachable: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise TrackingError(f"tracking store {shown} is a folder, not a sqlite file: name the database in it, "
+                            f"e.g. sqlite:///{path / 'mlflow.db'}")
+    if path.exists() and not path.is_file():
+        raise TrackingError(f"tracking store {shown} is not a regular file")
+    if writable and (not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK))):
+        raise TrackingError(f"tracking store {shown} is not writable")
+    artifacts = path.parent / ARTIFACT_FOLDER
+    if writable and artifacts.exists() and not (artifacts.is_dir() and os.access(artifacts, os.W_OK)):
+        raise TrackingError(f"tracking store {shown} cannot keep artifacts: {artifacts} is not a writable folder")
+    if not writable and path.exists() and not os.access(path, os.R_OK):
+        raise TrackingError(f"tracking store {shown} is not readable")
+    check_schema(uri, new_store_ok=writable)
+
+
 @functools.cache
 def _mlflow_schema() -> tuple[str, frozenset[str], str]:
     """(the installed mlflow's version, every schema revision its migrations know, the newest)."""
@@ -113,57 +135,118 @@ def _mlflow_schema() -> tuple[str, frozenset[str], str]:
     return version("mlflow"), frozenset(r.revision for r in script.walk_revisions()), script.get_current_head()
 
 
-SCHEMA_SETTLE_S = 3.0     # an older schema revision that has not moved for this long is not being created
+SCHEMA_SETTLE_S = 3.0     # a schema that has not moved for this long is not being created
+SQLITE_MAGIC = b"SQLite format 3\x00"
+MLFLOW_TABLES = frozenset({"alembic_version", "experiments", "runs"})
 
 
-def _revisions(path: Path) -> list[str] | None:
-    """The store's alembic revisions, read through a read-only connection (None: no MLflow schema
-    yet, or not a sqlite file: MLflow says what it finds)."""
+def _header_problem(path: Path) -> str | None:
+    """Why the file is no sqlite database, or a truncated one (its header's own page count says how
+    long it must be), in a few words; None where the header is sound."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        header = f.read(100)
+    if not header.startswith(SQLITE_MAGIC):
+        return (f"is not a sqlite database (a file of {size} bytes that does not start with sqlite's header): "
+                "name the mlflow.db a sweep wrote")
+    if len(header) < 100:
+        return f"is truncated ({size} bytes, shorter than sqlite's header): restore it from a copy"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages, counter, valid_for = (int.from_bytes(header[i:i + 4], "big") for i in (28, 24, 92))
+    if pages and counter == valid_for and size < pages * page_size:
+        return f"is truncated ({size} of the {pages * page_size} bytes its header promises): restore it from a copy"
+    return None
+
+
+def _schema_state(path: Path) -> tuple[frozenset[str], tuple[str, ...]]:
+    """(its tables, its alembic revisions) after sqlite's quick check, through a read-only connection
+    (the file is never changed); ``TrackingError`` names what sqlite found damaged."""
     import sqlite3
     from contextlib import closing
 
     try:
         with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
-            return [row[0] for row in db.execute("SELECT version_num FROM alembic_version")]
-    except sqlite3.Error:
-        return None
+            check = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            tables = frozenset(row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+            revisions = tuple(row[0] for row in db.execute("SELECT version_num FROM alembic_version")) \
+                if "alembic_version" in tables else ()
+    except sqlite3.Error as exc:
+        if "locked" in str(exc):
+            raise TrackingError(f"is locked by another process (sqlite: {exc}): try again") from None
+        raise TrackingError(f"is damaged (sqlite: {exc}): restore it from a copy") from None
+    if check != "ok":
+        raise TrackingError(f"is damaged (sqlite's check: {check}): restore it from a copy")
+    return tables, revisions
 
 
-def check_schema(uri: str) -> None:
-    """``TrackingError`` (one line) where a sqlite store's schema is not the one this mlflow writes: a
-    newer MLflow migrated it (this one cannot read it; its own advice, `mlflow db upgrade`, cannot
-    help), or it is older than this mlflow (then upgrading helps). Read before MLflow opens the
-    store, through a read-only connection: the file is never changed."""
+def _settled(state, newest: str) -> bool:
+    """A store this mlflow opens as it is: nothing in it yet, or its schema at the newest revision."""
+    tables, revisions = state
+    return not tables or (MLFLOW_TABLES <= tables and revisions == (newest,))
+
+
+def check_schema(uri: str, new_store_ok: bool = True) -> None:
+    """``TrackingError`` (one line) where a sqlite file is not an MLflow store whose schema this mlflow
+    writes: not sqlite at all, truncated or damaged; another program's database; migrated by a newer
+    MLflow (this one cannot read it; its own advice, `mlflow db upgrade`, cannot help); or older than
+    this mlflow (then upgrading helps). Without ``new_store_ok`` (a reader) an empty file or database
+    is refused too: MLflow would create its tables in it. Read before MLflow opens the store, through
+    a read-only connection: the file is never changed."""
     path = _sqlite_path(uri)
-    if path is None or not path.is_file() or path.stat().st_size == 0:
-        return
-    found = _revisions(path)
-    mlflow_version, known, newest = _mlflow_schema()
-    if not found or found == [newest]:
+    if path is None or not path.is_file():
         return
     shown = redact(uri)
-    unknown = [revision for revision in found if revision not in known]
+    if path.stat().st_size == 0 and new_store_ok:
+        return
+    problem = _header_problem(path) if path.stat().st_size else \
+        "is an empty file, not an MLflow store: run a sweep into it first (python sweeps/full.py --tracking-uri ...)"
+    try:
+        state = None if problem else _schema_state(path)
+    except TrackingError as exc:
+        problem = str(exc)
+    if problem:
+        raise TrackingError(f"tracking store {shown} {problem}")
+    mlflow_version, known, newest = _mlflow_schema()
+    if not state[0] and not new_store_ok:
+        raise TrackingError(f"tracking store {shown} holds no MLflow tables yet: run a sweep into it first "
+                            "(python sweeps/full.py --tracking-uri ...)")
+    unknown = [revision for revision in state[1] if revision not in known]
     if unknown:
         raise TrackingError(
             f"tracking store {shown} was migrated by a newer MLflow: its schema revision {unknown[0]} is not one "
             f"this tool's mlflow {mlflow_version} knows (its newest is {newest}), and this tool needs mlflow "
             f"{mlflow_version}; open that store with the newer mlflow that migrated it, or give --tracking-uri a "
             "copy made before it was migrated")
-    # An older revision: or another process is creating this store right now (MLflow migrates a new
-    # store step by step, e.g. a second sweep or a dashboard started beside this one): wait while the
-    # revision moves, and refuse only one that stands still.
-    still_since = time.monotonic()
-    while time.monotonic() - still_since < SCHEMA_SETTLE_S:
-        time.sleep(0.25)
-        now = _revisions(path)
-        if not now or now == [newest]:
-            return
-        if now != found:
-            found, still_since = now, time.monotonic()
+    state = _settle(path, state, newest)
+    if _settled(state, newest):
+        return
+    if not state[1]:
+        raise TrackingError(f"tracking store {shown} is a sqlite database that MLflow did not write (it has no "
+                            "MLflow schema revision): name the mlflow.db a sweep wrote")
     raise TrackingError(
-        f"tracking store {shown} has schema revision {found[0]}, older than the one this tool's mlflow "
+        f"tracking store {shown} has schema revision {state[1][0]}, older than the one this tool's mlflow "
         f"{mlflow_version} reads ({newest}): back it up, then run `mlflow db upgrade {shown}` with mlflow "
         f"{mlflow_version}")
+
+
+def _settle(path: Path, state, newest: str):
+    """The store's state once it stands still: another process may be creating it right now (MLflow
+    creates its tables, then migrates a new store step by step: a second sweep or a dashboard started
+    beside this one), so an unfinished schema is waited for while it moves, and judged only when it
+    has not moved for ``SCHEMA_SETTLE_S`` (a file nobody wrote for that long is judged at once)."""
+    if time.time() - path.stat().st_mtime > SCHEMA_SETTLE_S:
+        return state
+    still_since = time.monotonic()
+    while not _settled(state, newest) and time.monotonic() - still_since < SCHEMA_SETTLE_S:
+        time.sleep(0.25)
+        try:
+            now = _schema_state(path)
+        except TrackingError:
+            now = state
+        if now != state:
+            state, still_since = now, time.monotonic()
+    return state
 
 
 def _client(uri: str):
@@ -175,7 +258,7 @@ def _client(uri: str):
 def artifact_root(uri: str) -> str | None:
     """Where experiments keep artifacts: beside a sqlite file; a server decides for itself."""
     path = _sqlite_path(uri)
-    return (path.parent / "mlartifacts").as_uri() if path is not None else None
+    return (path.parent / ARTIFACT_FOLDER).as_uri() if path is not None else None
 
 
 # MLflow 3's UI opens an experiment without this tag in its GenAI view ("Traces: 0, no data"); with it,

@@ -15,28 +15,25 @@ sections are ``"module:attr"`` pointers resolved on use.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import pkgutil
 
 from trials import techniques
-from trials.errors import ConfigError
+from trials.errors import ConfigError, import_named
 from trials.techniques.spec import Technique
 
 PLUGINS_ENV = "LLM_SWEEPS_TECHNIQUES"
 
 
 def _discover() -> tuple[Technique, ...]:
-    names = [f"trials.techniques.{m.name}.spec" for m in pkgutil.iter_modules(techniques.__path__) if m.ispkg]
-    names += [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+    built_in = [f"trials.techniques.{m.name}.spec" for m in pkgutil.iter_modules(techniques.__path__) if m.ispkg]
+    plugins = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
     specs = []
-    for name in names:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if name.startswith("trials.techniques.") and exc.name == name:
-                continue                         # a folder without a spec (not a technique)
-            raise ConfigError(f"${PLUGINS_ENV}: cannot import {name!r}: {exc}") from None
+    for name in built_in + plugins:
+        # a folder of trials/techniques without a spec is not a technique; any other failure is one line
+        module = import_named(name, f"${PLUGINS_ENV}" if name in plugins else "technique", name not in plugins)
+        if module is None:
+            continue
         spec = getattr(module, "SPEC", None)
         if not isinstance(spec, Technique):
             raise ConfigError(f"{name} has no SPEC (a trials.techniques.spec.Technique)")

@@ -19,6 +19,7 @@ import logging
 import random
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,7 +28,7 @@ from trials.config import Runtime, Stack, TrialConfig, Workload, human_bytes, pa
 from trials.errors import ConfigError, one_line_errors, positive_int
 from trials.loop import OOM, TrialResult, failed_result, free_memory, is_out_of_memory
 from trials.measurement.cost import usd_per_million_tokens
-from trials.redaction import redact
+from trials.redaction import one_line
 
 
 def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
@@ -76,6 +77,50 @@ def over_budget(result: TrialResult, budget: int | None) -> None:
                         f"({human_bytes(budget)})")
 
 
+JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false",
+              type(None): "null"}
+
+
+def read_config(source: str) -> TrialConfig:
+    """``--config``: a TrialConfig as JSON text or a JSON file, read in one place, so that what is
+    not one is a ``ConfigError`` line: a file that cannot be read or decoded, JSON that is malformed
+    or nested too deeply to parse, or a document that is not an object."""
+    if source.lstrip().startswith(("{", "[")):
+        text = source
+    else:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--config {source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ConfigError("--config: JSON nested too deeply to read (a trial config is two levels deep)") from None
+    except ValueError as exc:                        # JSONDecodeError, and numbers too long to convert
+        raise ConfigError(f"--config: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config: a trial config is a JSON object (its fields by name), not "
+                          f"{JSON_KINDS.get(type(data), 'a ' + type(data).__name__)}")
+    if too_deep(data, MAX_CONFIG_DEPTH):
+        raise ConfigError(f"--config: nested more than {MAX_CONFIG_DEPTH} levels deep; a trial config's values "
+                          "are numbers, strings, and mappings or lists of them")
+    return TrialConfig.from_dict(data)
+
+
+MAX_CONFIG_DEPTH = 6      # config -> declared -> entry -> value: 4 at most
+
+
+def too_deep(value, limit: int) -> bool:
+    """Whether mappings and lists nest deeper than ``limit`` in ``value`` (walked without recursion)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [v for item in level if isinstance(item, (dict, list))
+                 for v in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return True
+
+
 @one_line_errors("llm-trial")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trials.run", description=__doc__.split("\n\n")[0],
@@ -99,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.config:
-            text = args.config if args.config.lstrip().startswith("{") else open(args.config).read()
-            config = TrialConfig.from_dict(json.loads(text))
+            config = read_config(args.config)
         else:
             config = TrialConfig(group=args.group, model=args.model, device=args.device,
                                  stack=Stack(precision=args.precision, batch_size=args.batch_size),
@@ -109,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                                  repeats=args.repeats)
         budget = None if args.memory_budget is None else parse_memory_budget(args.memory_budget)
         result = run_trial(config, Runtime(num_threads=args.threads, memory_budget_bytes=budget))
-    except (ConfigError, json.JSONDecodeError, OSError) as exc:
-        print(f"error: {redact(exc)}", file=sys.stderr)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     out = result.to_dict()
     if not args.raw:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 from types import ModuleType
 from typing import Callable, Protocol, runtime_checkable
 
 from trials import groups
+from trials.errors import import_named
 
 
 @runtime_checkable
@@ -89,8 +89,10 @@ def deep_dive_defaults(section) -> dict:
 @functools.cache
 def all_sections() -> tuple[ModuleType, ...]:
     """Every group's section, in page order; found on first use (a bad ``$LLM_SWEEPS_TECHNIQUES`` is
-    then a ``ConfigError`` of the command, not a traceback of an import)."""
-    return tuple(check_section(importlib.import_module(g.section), g.name) for g in groups.GROUPS)
+    then a ``ConfigError`` of the command, not a traceback of an import; so is a section module that
+    fails to import)."""
+    return tuple(check_section(import_named(g.section, f"the {g.name} technique's section"), g.name)
+                 for g in groups.GROUPS)
 
 
 def __getattr__(name: str):

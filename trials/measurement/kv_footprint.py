@@ -51,6 +51,7 @@ import sys
 from typing import Any
 
 from trials.models import zoo
+from trials.redaction import one_line
 
 __all__ = ["CATALOGUE", "KVFootprint", "KVFootprintError", "LayerGroup", "kv_footprint", "load_config", "main"]
 
@@ -225,9 +226,14 @@ def load_config(spec: Any) -> tuple[str, dict[str, Any]]:
             raise KVFootprintError(f"unknown config {str(spec)!r}: not a file, a catalogue name "
                                    f"({', '.join(CATALOGUE)}) or a zoo name")
         try:
-            return str(spec), json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
             raise KVFootprintError(f"cannot read {path}: {e}") from None
+        except RecursionError:
+            raise KVFootprintError(f"cannot read {path}: nested too deeply") from None
+        if not isinstance(config, dict):
+            raise KVFootprintError(f"{path} is not a model config (a JSON object), but a JSON {type(config).__name__}")
+        return str(spec), config
     if spec in CATALOGUE:
         return spec, dict(CATALOGUE[spec])
     return spec, _zoo_config(spec)
@@ -385,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             raise KVFootprintError("--context and --batch must be >= 0")
         report = kv_footprint(args.config, mla=args.mla).report(args.context, args.batch, args.bits)
     except KVFootprintError as e:
-        print(f"kv_footprint: error: {e}", file=sys.stderr)
+        print(f"kv_footprint: error: {one_line(e)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report))

