@@ -126,6 +126,14 @@ def parse_nonnegative(text: str, what: str) -> float:
     return value
 
 
+def parse_share(text: str, what: str) -> float:
+    """A share of something, from 0 to 1 (a token match: 0.9 is 90 % of the tokens)."""
+    value = parse_nonnegative(text, what)
+    if value > 1:
+        raise ValueError(f"{text!r}: {what} is a share from 0 to 1 (e.g. 0.9 for 90 %)")
+    return value
+
+
 def seconds(value: float) -> str:
     return f"{value * 1e3:.0f} ms" if value >= 0.01 else f"{value * 1e3:.2f} ms"
 
@@ -219,9 +227,8 @@ def _past(measured: float, bound: float) -> float:
     return measured / bound if bound > 0 else math.inf
 
 
-def _misses(row: pd.Series, rows: pd.DataFrame, limits: Limits) -> list[Miss]:
+def _quality_misses(q: Quality, limits: Limits) -> list[Miss]:
     found = []
-    q = quality(row, rows)
     if (limits.max_kl is not None or limits.max_perplexity_increase is not None) and not q.measured:
         found.append(Miss("quality not measured (no teacher-forced scores)", math.inf))
     if limits.max_kl is not None and q.kl > limits.max_kl:
@@ -229,6 +236,16 @@ def _misses(row: pd.Series, rows: pd.DataFrame, limits: Limits) -> list[Miss]:
     if limits.max_perplexity_increase is not None and q.perplexity_ratio > 1 + limits.max_perplexity_increase:
         found.append(Miss(f"perplexity +{100 * (q.perplexity_ratio - 1):.1f} % > +{100 * limits.max_perplexity_increase:g} %",
                           _past(q.perplexity_ratio - 1, limits.max_perplexity_increase)))
+    return found
+
+
+def _misses_quality(q: Quality, limits: Limits) -> list[str]:
+    """The quality limits scores ``q`` miss, each with its number (the served pick's budget)."""
+    return [m.text for m in _quality_misses(q, limits)]
+
+
+def _misses(row: pd.Series, rows: pd.DataFrame, limits: Limits) -> list[Miss]:
+    found = _quality_misses(quality(row, rows), limits)
     match = _num(row, "fidelity_token_match")
     if limits.min_token_match is not None and match < limits.min_token_match:
         found.append(Miss(f"token match {match:.3f} < {limits.min_token_match:g}", _past(limits.min_token_match, match)))

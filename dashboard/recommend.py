@@ -20,11 +20,12 @@ import math
 import sys
 
 import tracking
+from dashboard import served
 from dashboard.decision import (DEFAULT_LIMITS, OBJECTIVES, ROLES, Decision, Limits, as_dict, decide, facts,
-                                parse_latency, parse_nonnegative, parse_percent, reproduce)
+                                parse_latency, parse_nonnegative, parse_percent, parse_share, reproduce)
 from trials.errors import ConfigError, argument_type, one_line_errors
 from trials.measurement.cost import parse_price_per_hour
-from trials.redaction import redact
+from trials.redaction import one_line, redact
 
 PROG = "llm-recommend"
 
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         default=DEFAULT_LIMITS.max_perplexity_increase, metavar="PERCENT",
                         help="perplexity increase against the reference precision, where measured, e.g. 2%% "
                              f"(default {100 * DEFAULT_LIMITS.max_perplexity_increase:g}%%)")
-    parser.add_argument("--min-token-match", type=argument_type(parse_nonnegative, "--min-token-match"), default=None,
+    parser.add_argument("--min-token-match", type=argument_type(parse_share, "--min-token-match"), default=None,
                         metavar="SHARE", help="also require this share of greedy tokens equal to the reference's "
                                               "(default: shown, not a limit: greedy text drifts at KL ~0.001)")
     parser.add_argument("--max-ttft", type=argument_type(parse_latency), default=None, metavar="LATENCY",
@@ -131,26 +132,36 @@ def main(argv: list[str] | None = None) -> int:
         group = deciding_section().GROUP
         frame = tracking.runs_frame(uri, group, status=None)
     except tracking.TrackingError as exc:
-        print(f"{PROG}: error: {redact(exc)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     limits = limits_from(args)
     if args.objective == "cost" and limits.price_per_hour_usd is None and "price_per_hour_usd" not in frame:
         raise ConfigError("--objective cost needs a price: give --price-per-hour (US dollars per hour of this machine)")
     finished = frame[frame["status"] == "FINISHED"] if "status" in frame else frame
-    if finished.empty or "tags.stack_name" not in finished:
+    serving, in_process = served.read(uri)
+    served_models = sorted(served.latest(serving)["model"].dropna().unique()) if not serving.empty else []
+    has_stacks = not finished.empty and "tags.stack_name" in finished
+    if not has_stacks and not served_models:
         raise ConfigError(f"{redact(uri)} holds no finished runs of the {group} group: run "
                           f"python sweeps/full.py --groups {group} --tracking-uri ... first")
-    known = sorted(finished["model"].dropna().unique())
+    known = sorted(set(finished["model"].dropna().unique() if has_stacks else ()) | set(served_models))
     unknown = [m for m in args.model or [] if m not in known]
     if unknown:
-        raise ConfigError(f"no {group} runs for {', '.join(map(repr, unknown))} in {redact(uri)}; "
-                          f"models with {group} runs: {', '.join(known)}")
-    decisions = decide(frame, limits, args.model)
+        raise ConfigError(f"no {group} runs for {', '.join(map(repr, unknown))} in {redact(uri)}"
+                          f"{' (nor served runs)' if served_models else ''}; models with {group} runs: "
+                          f"{', '.join(known)}")
+    decisions = {d.model: d for d in (decide(frame, limits, args.model) if has_stacks else [])}
+    picks = {d.model: d for d in served.decide_served(serving, in_process, limits, args.model)}
+    models = [m for m in (args.model or known) if m in decisions or m in picks]
     if args.json:
-        print(json.dumps(_clean([as_dict(d) for d in decisions]), indent=1))
+        print(json.dumps(_clean([{**(as_dict(decisions[m]) if m in decisions else {"model": m}),
+                                  "served": served.as_dict(picks[m], limits) if m in picks else None}
+                                 for m in models]), indent=1))
     else:
-        print(f"Store: {redact(uri)} ({group} group)\n")
-        print("\n\n".join(render(d, args.objective) for d in decisions))
+        print(f"Store: {redact(uri)} ({group} group{'; served stacks from the serving runs' if picks else ''})\n")
+        print("\n\n".join("\n".join(part for part in (render(decisions[m], args.objective) if m in decisions else "",
+                                                       served.render(picks[m], limits) if m in picks else "") if part)
+                             for m in models))
     return 0
 
 

@@ -109,6 +109,34 @@ def trial_threads(args, device: str) -> int:
     return 1 if device == "cuda" else args.cpus_per_trial
 
 
+def trial_resources(args, device: str) -> dict[str, float]:
+    """What an ordinary trial holds: a GPU (and a CPU to drive it), or ``--cpus-per-trial`` cores."""
+    return {"cpu": 1, "gpu": 1} if device == "cuda" else {"cpu": args.cpus_per_trial}
+
+
+def node_cpus() -> float:
+    """The CPUs of the largest node (a trial that holds a node asks for all of them)."""
+    import ray
+
+    return max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")), default=1) or 1
+
+
+def resources_of(plain: dict[str, float], configs, later):
+    """Per trial: ``plain``, or every CPU of a node for a group whose trials hold one
+    (``Technique.holds_node``: a server and its load generator must not share cores with another trial).
+    Only where the sweep has such a trial does Tune get a function (else the dict, as always)."""
+    from trials import groups
+
+    holding = {g.name for g in groups.GROUPS if g.holds_node}
+    if not any(c.group in holding for c in configs) and later is None:
+        return plain
+    whole = {**plain, "cpu": max(plain["cpu"], node_cpus())}
+
+    def resources(spec: dict) -> dict[str, float]:
+        return whole if (spec.get("trial") or {}).get("group") in holding else plain
+    return resources
+
+
 def first_run_hint(uri: str) -> str:
     """What to run, once the store has a run, to watch the sweep fill the charts."""
     default = uri == tracking.resolve_uri(None)
@@ -129,10 +157,7 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
     from sweeps.trainable import run_in_worker
     from trials.measurement.environment import git_sha
 
-    if device == "cuda":
-        resources = {"cpu": 1, "gpu": 1}
-    else:
-        resources = {"cpu": args.cpus_per_trial}
+    resources = trial_resources(args, device)
     workers = planned_workers(args, device)
     waiting = len(later.planned) if later is not None else 0
     log.info("running %d trials%s, %d at a time, each with %s", len(configs),
@@ -156,7 +181,7 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
                    "memory_budget_bytes": args.memory_budget, "price_per_hour_usd": args.price_per_hour,
                    "reservation_path": reservation_path, "machine_cpus": sorted(cpus.current())}
     tuner = tune.Tuner(
-        tune.with_resources(run_in_worker, resources),
+        tune.with_resources(run_in_worker, resources_of(resources, configs, later)),
         param_space=param_space,
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers, num_samples=-1,
                                     search_alg=StagedSearcher(configs, later, run_order)),

@@ -4,8 +4,10 @@ the key's dotted path, and what was expected, in one line.
 A schema is built from a few types: ``Int(lo, hi)``, ``Choice(values)``, ``Bool()``, ``Text()``,
 ``ListOf(item)``, ``Fields({key: type}, required=...)`` and ``AnyOf(type, type)``. ``check`` walks
 the parsed document beside PyYAML's node tree (which keeps positions), so an error points at the
-value itself. Duplicate keys, which PyYAML would silently resolve to the last, are errors too. Torch
-free: the sweep driver validates a file before anything heavy starts.
+value itself. Duplicate keys, which PyYAML would silently resolve to the last, are errors too. A value
+is echoed back bounded (``trials.redaction.shown``: an alias expansion is never expanded), and a file
+nested too deeply to parse is one line too. Torch free: the sweep driver validates a file before
+anything heavy starts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import yaml
 
 from trials.errors import ConfigError
+from trials.redaction import shown
 
 
 class SchemaError(ConfigError):
@@ -49,7 +52,7 @@ class Int(Type):
 
     def check(self, value, node, path, source):
         if isinstance(value, bool) or not isinstance(value, int):
-            fail_at(source, node, path, f"{value!r} is not an integer (expected {self.describe()})")
+            fail_at(source, node, path, f"{shown(value)} is not an integer (expected {self.describe()})")
         if not self.lo <= value <= self.hi:
             fail_at(source, node, path, f"{value} is out of range (expected {self.describe()})")
         return value
@@ -59,12 +62,28 @@ class Int(Type):
 
 
 @dataclass
+class Number(Type):
+    lo: float
+    hi: float
+
+    def check(self, value, node, path, source):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail_at(source, node, path, f"{shown(value)} is not a number (expected {self.describe()})")
+        if not self.lo <= value <= self.hi:
+            fail_at(source, node, path, f"{value} is out of range (expected {self.describe()})")
+        return value
+
+    def describe(self):
+        return f"a number from {self.lo:g} to {self.hi:g}"
+
+
+@dataclass
 class Choice(Type):
     values: tuple
 
     def check(self, value, node, path, source):
         if value not in self.values:
-            fail_at(source, node, path, f"{value!r} is not one of {', '.join(map(str, self.values))}")
+            fail_at(source, node, path, f"{shown(value)} is not one of {', '.join(map(str, self.values))}")
         return value
 
     def describe(self):
@@ -74,7 +93,7 @@ class Choice(Type):
 class Bool(Type):
     def check(self, value, node, path, source):
         if not isinstance(value, bool):
-            fail_at(source, node, path, f"{value!r} is not true or false")
+            fail_at(source, node, path, f"{shown(value)} is not true or false")
         return value
 
     def describe(self):
@@ -84,7 +103,7 @@ class Bool(Type):
 class Text(Type):
     def check(self, value, node, path, source):
         if not isinstance(value, str) or not value.strip():
-            fail_at(source, node, path, f"{value!r} is not a non-empty string")
+            fail_at(source, node, path, f"{shown(value)} is not a non-empty string")
         return value
 
     def describe(self):
@@ -97,7 +116,7 @@ class ListOf(Type):
 
     def check(self, value, node, path, source):
         if not isinstance(value, list) or not value:
-            fail_at(source, node, path, f"expected a non-empty list of {self.item.describe()}, got {value!r}")
+            fail_at(source, node, path, f"expected a non-empty list of {self.item.describe()}, got {shown(value)}")
         items = node.value if isinstance(node, yaml.SequenceNode) else [None] * len(value)
         checked = [self.item.check(v, n or node, f"{path}[{i}]", source)
                    for i, (v, n) in enumerate(zip(value, items))]
@@ -105,7 +124,7 @@ class ListOf(Type):
         for i, v in enumerate(checked):
             key = repr(v)
             if key in seen:
-                fail_at(source, items[i] or node, f"{path}[{i}]", f"{v!r} is listed twice")
+                fail_at(source, items[i] or node, f"{path}[{i}]", f"{shown(v)} is listed twice")
             seen.add(key)
         return checked
 
@@ -124,7 +143,7 @@ class Fields(Type):
 
     def check(self, value, node, path, source):
         if not isinstance(value, dict):
-            fail_at(source, node, path, f"expected {self.doc} with keys {', '.join(self.fields)}, got {value!r}")
+            fail_at(source, node, path, f"expected {self.doc} with keys {', '.join(self.fields)}, got {shown(value)}")
         positions: dict[str, tuple] = {}
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
@@ -160,7 +179,7 @@ class AnyOf(Type):
             if (isinstance(kind, Fields) and isinstance(value, dict)) or \
                     (not isinstance(kind, Fields) and not isinstance(value, dict)):
                 return kind.check(value, node, path, source)
-        fail_at(source, node, path, f"expected {' or '.join(t.describe() for t in self.types)}, got {value!r}")
+        fail_at(source, node, path, f"expected {' or '.join(t.describe() for t in self.types)}, got {shown(value)}")
 
     def describe(self):
         return " or ".join(t.describe() for t in self.types)
@@ -186,6 +205,10 @@ def read(path: str | Path) -> tuple[Any, yaml.Node | None, str]:
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SchemaError(f"{where}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise SchemaError(f"{source}: nested too deeply to read (a sweep file is a few levels deep)") from None
+    except ValueError as exc:                     # e.g. an integer with more digits than Python converts
+        raise SchemaError(f"{source}: not valid YAML: {exc}") from None
 
 
 def node_at(node: yaml.Node | None, *keys) -> yaml.Node | None:

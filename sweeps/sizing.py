@@ -18,6 +18,7 @@ from trials import engines
 from trials.config import PRECISIONS, Workload, parse_cache
 from trials.models.registry import ModelEntry
 from trials.prompts import PROMPT_SETS
+from trials.redaction import shown
 from trials.techniques.spec import ProfileKey
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -38,7 +39,7 @@ class KvCache(schema.Type):
         if backend in packs:
             schema.fail_at(source, node, path, f"{backend} cannot pack {str(value)[len(backend):] or 'an unstated number of'} "
                            f"bits; it packs {', '.join(map(str, packs[backend]))}")
-        schema.fail_at(source, node, path, f"{value!r} is not a KV cache; expected {self.describe()}")
+        schema.fail_at(source, node, path, f"{shown(value)} is not a KV cache; expected {self.describe()}")
 
     def describe(self):
         return "full, " + ", ".join(f"{b}{n}" for b, bits in engines.kv_caches().items() for n in bits)
@@ -48,6 +49,7 @@ class KvCache(schema.Type):
 
 def _schema_type(key: ProfileKey) -> schema.Type:
     one = {"int": lambda: schema.Int(key.low, key.high), "bool": schema.Bool,
+           "number": lambda: schema.Number(key.low, key.high),
            "precision": lambda: schema.Choice(PRECISIONS), "cache": KvCache,
            "weight": lambda: schema.Choice(engines.weight_types()),
            "engine": lambda: schema.Choice(tuple(engines.ENGINES))}[key.kind]()

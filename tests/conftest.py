@@ -167,6 +167,13 @@ def engines_store(real_models, tmp_path_factory) -> str:
     return build_engines_store(tmp_path_factory.mktemp("engines-store"))
 
 
+@pytest.fixture(scope="session")
+def serving_store(real_models, tmp_path_factory) -> tuple[str, dict]:
+    from test_serving import build_serving_store
+
+    return build_serving_store(tmp_path_factory.mktemp("serving-store"))
+
+
 @contextlib.contextmanager
 def mlflow_server(backend_uri: str, artifacts: Path, port: int | None = None):
     """A real `mlflow server` on a loopback port (a free one unless given); yields its URL, stops it

@@ -32,7 +32,7 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 MLFLOW_UI = "http://127.0.0.1:5999"
 # A numeric axis names its unit (or says the number is a count, share, ratio or effect).
-UNIT = re.compile(r"tok/s|%|\bMB\b|MiB|GiB|\(x\)|tokens|nats|perplexity|batch size|\bk\b|multiplicative|share", re.I)
+UNIT = re.compile(r"tok/s|req/s|requests/s|\(s\)|requests in flight|%|\bMB\b|MiB|GiB|\(x\)|tokens|nats|perplexity|batch size|\bk\b|multiplicative|share", re.I)
 
 LAYOUT_JS = """
 const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
@@ -57,12 +57,12 @@ def _copy_runs(source: str, target: str, group: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def every_group(quick_sweep, kv_store, stacks_store, engines_store, tmp_path_factory) -> tuple[str, float]:
+def every_group(quick_sweep, kv_store, stacks_store, engines_store, serving_store, tmp_path_factory) -> tuple[str, float]:
     folder = tmp_path_factory.mktemp("every-group")
     shutil.copy(quick_sweep.uri[len("sqlite:///"):], folder / "mlflow.db")   # artifacts stay where they are
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     assert _copy_runs(kv_store, uri, "kv_cache") and _copy_runs(stacks_store, uri, "stacks")
-    assert _copy_runs(engines_store, uri, "engines")
+    assert _copy_runs(engines_store, uri, "engines") and _copy_runs(serving_store[0], uri, "serving")
     base = tracking.runs_frame(uri, "baseline").sort_values("start_time").iloc[-1]
     data = tracking.read_trial_artifact(uri, base["run_id"])
     for sweep, speed in (("injected-1x", float(base["tok_per_s"])), ("injected-2x", 2 * float(base["tok_per_s"]))):

@@ -23,7 +23,8 @@ PACKAGES = ("trials", "sweeps", "tracking", "dashboard")
 # they import must not import torch, transformers or the measurement loop.
 TORCH_FREE = ("trials.groups", "trials.stats.theory", "trials.stats.factorial", "trials.config",
               "trials.models", "trials.models.registry", "trials.measurement.kv_footprint", "trials.errors",
-              "trials.engines.transformers.arguments",
+              "trials.engines.transformers.arguments", "trials.stats.serving", "trials.measurement.load",
+              "trials.techniques.serving.spec", "dashboard.sections.serving",
               "dashboard.app", "tracking.store")
 
 
@@ -257,7 +258,9 @@ def test_no_code_outside_an_engine_names_it():
     anywhere else. The exceptions are the default engine's, said here: the model layer loads every
     model from its HF folder through the default engine's arguments (``trials.models``), and a
     technique whose spec runs on the default engine only may use that engine's own parts (the KV
-    cache group's quantized caches, the speculative group's draft loading)."""
+    cache group's quantized caches, the speculative group's draft loading), and an engine declared
+    as built on another (``Engine.builds_on``: llama.cpp's server serves the llama.cpp engine's GGUFs)
+    uses that engine's folder."""
     from trials import engines, groups
 
     names = set(engines.ENGINES)
@@ -267,6 +270,7 @@ def test_no_code_outside_an_engine_names_it():
     for module, path in modules.items():
         relative = path.relative_to(ROOT).as_posix()
         own = {n for n in names if relative.startswith(f"trials/engines/{n}/")}
+        own |= {base for n in own for base in engines.ENGINES[n].builds_on}     # an engine built on another
         for imported, line, _ in imports_of(path, modules):
             parts = imported.split(".")
             if len(parts) < 3 or parts[:2] != ["trials", "engines"] or parts[2] not in names or parts[2] in own:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trials import groups
-from trials.config import Runtime, Stack, TrialConfig, Workload
+from trials.config import Load, Runtime, Stack, TrialConfig, Workload
 from trials.loop import failed_result, is_out_of_memory
 from trials.run import run_trial
 from trials.techniques.spec import Technique
@@ -63,6 +63,8 @@ PER_GROUP = {
     "stacks": dict(stack=Stack(precision="fp32")),
     "batching": dict(stack=Stack(precision="fp32", batch_size=2)),
     "engines": dict(stack=Stack(precision="fp32")),        # its transformers side (llama.cpp: tests/test_engines.py)
+    "serving": dict(stack=Stack(engine="llama_server", precision="f16"),      # the server's resident set
+                    load=Load(rates=(1.0,), concurrency=(1,), requests=2, warmup=0)),
 }
 
 

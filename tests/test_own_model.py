@@ -57,7 +57,8 @@ def picked_stacks() -> dict[str, set[str]]:
 
     fast = fast_precision("cpu")
     return {"baseline": {"fp32"}, "speculative": {"fp32+lookup(k=4)"}, "kv_cache": {fast, f"{fast}+kv4-hqq"},
-            "batching": {"fp32+b2"}, "quantization": {"bf16"}, "stacks": {fast}, "engines": set()}
+            "batching": {"fp32+b2"}, "quantization": {"bf16"}, "stacks": {fast}, "engines": set(),
+            "serving": set()}
 
 
 def _hub_cache(folder, model_folder):
@@ -105,9 +106,11 @@ def test_a_sweep_files_own_models_run_through_every_group_and_every_reader(tiny_
         "the planner fits the quantized cache's groups to the model's K/V row (32 elements)"
     # every group runs them; the engines group plans them on llama.cpp too (through llama.cpp's
     # converter, the route tests/test_engines.py runs on the same tiny-gqa weights), not run here
-    assert {c.group for c in local} == {c.group for c in hub} == set(groups.implemented()) - {"engines"}
+    # and the serving group serves them behind llama-server (tests/test_serving.py runs that path)
+    assert {c.group for c in local} == {c.group for c in hub} == set(groups.implemented()) - {"engines", "serving"}
     for model in ("my-tiny", "my-hub"):
         assert {"llama_cpp:f16", "llama_cpp:q8_0"} <= {c.stack.label for c in planned["engines"] if c.model == model}
+        assert {"llama_server:f16", "llama_server:f16+b4"} <= {c.stack.label for c in planned["serving"] if c.model == model}
     assert local[0].entry().location == str((tmp_path / "my-tiny").resolve())
     assert hub[0].entry().source == "hub" and all(c.declared for c in [*local, *hub])
 
@@ -131,7 +134,7 @@ def test_a_sweep_files_own_models_run_through_every_group_and_every_reader(tiny_
             write_record(uri, {"result": result, "sweep_id": sweep_id, "trial_key": uuid.uuid4().hex})
 
     # the store alone rebuilds each config, with the same hash
-    frames = {group: tracking.runs_frame(uri, group) for group in groups.implemented() if group != "engines"}
+    frames = {group: tracking.runs_frame(uri, group) for group in groups.implemented() if group not in ("engines", "serving")}
     for group, frame in frames.items():
         assert set(frame["model"]) == {"my-tiny", "my-hub"}, group
         for _, row in frame.iterrows():
@@ -146,7 +149,7 @@ def test_a_sweep_files_own_models_run_through_every_group_and_every_reader(tiny_
     runs = open_store(uri)
     drawn = RenderedSections(runs)
     for section in all_sections():
-        if section.GROUP == "engines":
+        if section.GROUP in ("engines", "serving"):
             continue
         rendered = str(render_section(section, runs))
         assert "unknown model" not in rendered and "No finished runs" not in rendered, section.GROUP

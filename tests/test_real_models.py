@@ -59,14 +59,15 @@ PER_GROUP = {
     "speculative": (Stack("fp32", speculation="prompt_lookup", num_draft_tokens=4), Workload("repetitive", 1, 8)),
     "stacks": (Stack("bf16", kv_bits=4, kv_backend="quanto"), TINY),
 }
-SHARED = {"engines": "llama_cpp:q4_1"}    # taken from the session's engines store (tests/test_engines.py)
+SHARED = {"engines": "llama_cpp:q4_1",          # taken from the session's engines store (tests/test_engines.py)
+          "serving": "llama_server:q4_1"}       # and its serving store (tests/test_serving.py)
 
 
 @pytest.fixture(scope="module")
-def smol_store(real_models, engines_store, tmp_path_factory):
+def smol_store(real_models, engines_store, serving_store, tmp_path_factory):
     """One trial per chart group on SmolLM2 (one repeat: the suite checks the path, not the
     numbers), logged to a fresh MLflow store: (uri, results). The engines group's is the shipped
-    GGUF's run of the session's engines store (llama.cpp), copied."""
+    GGUF's run of the session's engines store (llama.cpp), the serving group's its served run, copied."""
     import tracking
     from trials.loop import TrialResult
 
@@ -77,8 +78,9 @@ def smol_store(real_models, engines_store, tmp_path_factory):
         results[group] = run_trial(TrialConfig(group, SMOL, stack, workload, repeats=1))
         tracking.log_trial(uri, results[group])
     for group, label in SHARED.items():
-        frame = tracking.runs_frame(engines_store, group)
-        data = tracking.read_trial_artifact(engines_store, frame[frame["stack"] == label]["run_id"].iloc[0])
+        source = {"engines": engines_store, "serving": serving_store[0]}[group]
+        frame = tracking.runs_frame(source, group)
+        data = tracking.read_trial_artifact(source, frame[frame["stack"] == label]["run_id"].iloc[0])
         results[group] = TrialResult(TrialConfig.from_dict(data["config"]), data["status"], data["metrics"],
                                      data["tags"], data["raw"], data.get("error", ""))
         tracking.log_trial(uri, results[group])

@@ -107,9 +107,6 @@ class Stack:
         else:
             _check(_int_at_least(self.num_draft_tokens, 1),
                    f"speculation needs num_draft_tokens (k) >= 1, got {self.num_draft_tokens!r}")
-            _check(self.batch_size == 1,
-                   "speculative decoding runs at batch_size 1 only "
-                   f"(transformers' assisted generation), got {self.batch_size}")
         if self.speculation == "draft":
             _check(bool(self.draft_model), "speculation 'draft' needs a draft_model")
         _check(isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}")
@@ -180,6 +177,48 @@ class Workload:
                f"eval_windows must be an integer >= 0, got {self.eval_windows!r}")
 
 
+def _numbers(values, kind) -> tuple:
+    """A list from JSON or YAML as the tuple a frozen config hashes (anything else left for validate)."""
+    return tuple(values) if isinstance(values, (list, tuple)) and all(
+        isinstance(v, kind) and not isinstance(v, bool) for v in values) else values
+
+
+@dataclass(frozen=True)
+class Load:
+    """How a server is driven (the serving group; empty for every in-process group): Poisson arrivals
+    at ``rates`` (multiples of the stack's single-stream capacity, measured in the trial, so that the
+    ladder runs from well below to past what one stream sustains on any machine), closed-loop
+    ``concurrency`` levels, ``requests`` per point after ``warmup`` requests, and the SLO its goodput
+    counts against (a request is good when its TTFT and its time per output token are within it)."""
+
+    rates: tuple[float, ...] = ()
+    concurrency: tuple[int, ...] = ()
+    requests: int = 20
+    warmup: int = 2
+    ttft_slo_s: float = 0.5
+    tpot_slo_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rates", _numbers(self.rates, (int, float)))
+        object.__setattr__(self, "concurrency", _numbers(self.concurrency, int))
+
+    @property
+    def empty(self) -> bool:
+        return not self.rates and not self.concurrency
+
+    def validate(self) -> None:
+        _check(isinstance(self.rates, tuple) and all(0 < r <= 1000 for r in self.rates),
+               f"load rates must be a list of positive numbers (multiples of single-stream capacity), got {self.rates!r}")
+        _check(isinstance(self.concurrency, tuple) and all(_int_at_least(c, 1) for c in self.concurrency),
+               f"load concurrency must be a list of integers >= 1, got {self.concurrency!r}")
+        _check(_int_at_least(self.requests, 1), f"load requests must be an integer >= 1, got {self.requests!r}")
+        _check(_int_at_least(self.warmup, 0), f"load warmup must be an integer >= 0, got {self.warmup!r}")
+        for name in ("ttft_slo_s", "tpot_slo_s"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                   f"load {name} must be a positive number of seconds, got {value!r}")
+
+
 @dataclass(frozen=True)
 class TrialConfig:
     """One trial. Construct it and it is valid, or ``ConfigError`` says why not."""
@@ -194,6 +233,7 @@ class TrialConfig:
     # The entries of the models this config names that are not built in (a sweep file's own): the
     # config carries them, so any process rebuilds it from its dict (the store, a worker, the page).
     declared: tuple[ModelEntry, ...] = ()
+    load: Load = field(default_factory=Load)     # how a server is driven (the serving group only)
 
     def __post_init__(self) -> None:
         group = groups.get(self.group)     # raises ConfigError naming the valid groups
@@ -207,6 +247,8 @@ class TrialConfig:
         self.stack.validate()
         group.check(self.stack)            # the group's stack guard (trials.groups)
         self.workload.validate()
+        _check(isinstance(self.load, Load), "load must be a Load")
+        self.load.validate()
         limit = max_positions(entry)
         context, new = self.workload.context_tokens, self.workload.max_new_tokens
         if context:
@@ -231,10 +273,11 @@ class TrialConfig:
         default that keeps the old behaviour) does not change the hash of existing configs.
         """
         data = self.to_dict()
-        for name, default in (("stack", Stack()), ("workload", Workload())):
+        for name, default in (("stack", Stack()), ("workload", Workload()), ("load", Load())):
             data[name] = {k: v for k, v in data[name].items() if v != getattr(default, k)}
-        if not data["declared"]:           # built-in models: the hash they always had
-            del data["declared"]
+        for name in ("declared", "load"):  # none: the hash configs always had
+            if not data[name]:
+                del data[name]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -257,13 +300,14 @@ class TrialConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "TrialConfig":
         data = dict(data)
-        _check(isinstance(data.get("stack", {}), dict) and isinstance(data.get("workload", {}), dict),
-               "stack and workload must be mappings")
+        _check(all(isinstance(data.get(k, {}), dict) for k in ("stack", "workload", "load")),
+               "stack, workload and load must be mappings")
         stack = _build(Stack, data.pop("stack", {}))
         workload = _build(Workload, data.pop("workload", {}))
+        load = _build(Load, data.pop("load", {}))
         declared = data.pop("declared", ()) or ()
         _check(isinstance(declared, (list, tuple)), "declared must be a list of model entries")
-        return _build(cls, data, stack=stack, workload=workload,
+        return _build(cls, data, stack=stack, workload=workload, load=load,
                       declared=tuple(entry_from_dict(e) for e in declared))
 
     def flat_params(self) -> dict[str, str]:
@@ -272,6 +316,9 @@ class TrialConfig:
                 "seed": self.seed, "device": self.device, "stack": self.stack.label}
         flat.update(asdict(self.stack))
         flat.update(asdict(self.workload))
+        if not self.load.empty:            # a serving trial's load, each key prefixed
+            flat.update({f"load_{k}": ",".join(map(str, v)) if isinstance(v, tuple) else v
+                         for k, v in asdict(self.load).items()})
         if self.declared:                  # what rebuilds the config in another process
             flat["declared_models"] = json.dumps([asdict(e) for e in self.declared], sort_keys=True)
         return {k: "" if v is None else str(v) for k, v in flat.items()}

@@ -210,7 +210,7 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: loading.LoadedModel, m
     summary.update(metrics or {})
     all_tags = {**environment_tags(config.device,
                                    runtime.git_sha if runtime.git_sha != "unknown" else None),
-                "memory_method": measured.peak.method, **_model_tags(config), **notes, **(tags or {})}
+                "memory_method": measured.peak.method, **model_tags(config), **notes, **(tags or {})}
     all_raw = {
         "repeats": [[{k: v for k, v in b.__dict__.items() if k not in ("output_ids", "texts")}
                      for b in rep] for rep in measured.repeats],
@@ -222,7 +222,7 @@ def finish(config: TrialConfig, runtime: Runtime, loaded: loading.LoadedModel, m
     return TrialResult(config, "FINISHED", summary, all_tags, all_raw)
 
 
-def _model_tags(config: TrialConfig) -> dict[str, str]:
+def model_tags(config: TrialConfig) -> dict[str, str]:
     """``precision_native`` False marks numbers taken in a precision this device only emulates
     (bf16 on an AVX2-only CPU): they describe the CPU's emulation more than the optimization.
     ``model_source`` and ``weights_origin`` say where the model came from, e.g. that a real model's
@@ -275,5 +275,5 @@ def failed_result(config: TrialConfig, exc: BaseException) -> TrialResult:
         reason = f"{OOM}: {type(exc).__name__}: {reason[:300]}"
     elif not isinstance(exc, ConfigError):
         reason = f"{type(exc).__name__}: {reason}"
-    return TrialResult(config, "FAILED", tags={**environment_tags(config.device), **_model_tags(config)},
+    return TrialResult(config, "FAILED", tags={**environment_tags(config.device), **model_tags(config)},
                        raw={"traceback": traceback.format_exception(exc)}, error=reason)

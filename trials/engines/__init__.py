@@ -16,7 +16,7 @@ import importlib
 import os
 import pkgutil
 
-from trials.errors import ConfigError
+from trials.errors import ConfigError, import_named
 
 DEFAULT = "transformers"
 PLUGINS_ENV = "LLM_SWEEPS_ENGINES"
@@ -26,16 +26,14 @@ PLUGINS_ENV = "LLM_SWEEPS_ENGINES"
 def _discover() -> dict:
     from trials.engines.spec import Engine
 
-    names = [f"{__name__}.{m.name}.spec" for m in pkgutil.iter_modules(__path__) if m.ispkg]
-    names += [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+    built_in = [f"{__name__}.{m.name}.spec" for m in pkgutil.iter_modules(__path__) if m.ispkg]
+    plugins = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
     found: dict[str, Engine] = {}
-    for name in names:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if name.startswith(f"{__name__}.") and exc.name == name:
-                continue                         # a folder without a spec (not an engine)
-            raise ConfigError(f"${PLUGINS_ENV}: cannot import {name!r}: {exc}") from None
+    for name in built_in + plugins:
+        # a folder without a spec is not an engine; any other failure is one line naming the module
+        module = import_named(name, f"${PLUGINS_ENV}" if name in plugins else "engine", name not in plugins)
+        if module is None:
+            continue
         spec = getattr(module, "SPEC", None)
         if not isinstance(spec, Engine):
             raise ConfigError(f"{name} has no SPEC (a trials.engines.spec.Engine)")
@@ -69,6 +67,16 @@ def get(name: str):
 def backend(stack):
     """The backend module of ``stack``'s engine (``trials.engines.spec.Backend``), in a worker."""
     return get(stack.engine).runs()
+
+
+def in_process() -> dict:
+    """The engines a trial runs inside its worker (every engine but the servers, ``Engine.serves``)."""
+    return {name: engine for name, engine in _discover().items() if not engine.serves}
+
+
+def servers() -> dict:
+    """The engines that run as a server process (the serving group's)."""
+    return {name: engine for name, engine in _discover().items() if engine.serves}
 
 
 def kv_caches() -> dict[str, tuple[int, ...]]:

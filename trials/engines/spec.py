@@ -53,6 +53,9 @@ class Engine:
     as_code: str = ""                           # "module:function" (torch-free): (stack, reference
     #                                             precision) -> the stack as a user's code, for a run that
     #                                             recorded none (tag ``user_code``)
+    serves: bool = False                        # a server process (its backend is a ``ServerBackend``):
+    #                                             the serving group measures it, in-process groups do not
+    builds_on: tuple[str, ...] = ()             # engines whose folders it uses (llama.cpp's server: its GGUFs)
 
     @property
     def kv_backends(self) -> tuple[str, ...]:
@@ -121,6 +124,25 @@ class Backend(Protocol):
     def facts(self, loaded, record): ...
     def trial_facts(self, config, loaded, measured, prompts, prepared): ...
     def scorer(self, config, loaded, context): ...
+
+
+class ServerBackend(Protocol):
+    """What the serving group asks of a server engine in a worker (``Engine.serves``).
+
+    ``load(config)`` -> what the server runs (its files) and the workload's prompts as the requests
+    send them. ``serve(config, loaded, threads)`` -> a context manager: the server started on
+    127.0.0.1 on a free port, healthy, yielding a handle with ``url``, ``command`` and ``pid``; stopped, with
+    its process group, and checked gone on the way out, whatever happened inside.
+    ``parity(config, loaded, handle)`` -> metrics: the server's greedy tokens against the same
+    engine's in-process ones. ``server_metrics(handle)`` -> the server's own counters.
+    ``trial_facts(config, loaded, handle)`` -> (metrics, tags): its files, build and command line.
+    """
+
+    def load(self, config): ...
+    def serve(self, config, loaded, threads): ...
+    def parity(self, config, loaded, handle): ...
+    def server_metrics(self, handle): ...
+    def trial_facts(self, config, loaded, handle): ...
 
 
 @dataclass

@@ -21,6 +21,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from trials import engines
 from trials.engines import DEFAULT as DEFAULT_ENGINE
 from trials.errors import ConfigError
 from trials.models.registry import perplexity_method
@@ -28,15 +29,15 @@ from trials.models.registry import perplexity_method
 
 @dataclass(frozen=True)
 class ProfileKey:
-    """One setting a profile gives the technique: ``kind`` ``int`` (``low``..``high``), ``bool``,
+    """One setting a profile gives the technique: ``kind`` ``int`` or ``number`` (``low``..``high``), ``bool``,
     ``precision`` (a weight precision of the default engine), ``weight`` (any engine's weight type),
     ``cache`` (a KV cache: ``full`` or an engine's backend and bits, ``hqq4``) or ``engine``; ``many``: a
     list of them; ``optional``: a built-in profile may leave it out."""
 
     kind: str
     many: bool = False
-    low: int = 1
-    high: int = 1_000_000
+    low: float = 1
+    high: float = 1_000_000
     optional: bool = False
 
 
@@ -85,6 +86,9 @@ class Technique:
     space_reads_store: bool = False                # the space takes ``runs=``: it plans from the store
     device_checks: Callable | None = None          # (DeviceSetup) -> [DeviceCheck]: its GPU-check trials
     engines: tuple[str, ...] | None = (DEFAULT_ENGINE,)   # the engines its trials run on; None: every engine
+    #                                                       of its kind (in-process, or servers where ``serving``)
+    serving: bool = False                          # it measures server engines (``Engine.serves``) under load
+    holds_node: bool = False                       # a trial holds every CPU of its node (a server and its client)
 
     @property
     def implemented(self) -> bool:
@@ -95,6 +99,10 @@ class Technique:
         if self.engines is not None and stack.engine not in self.engines:
             raise ConfigError(f"the {self.name} group runs on {', '.join(self.engines)}, not on "
                               f"{stack.engine} (stack {stack.label})")
+        if stack.engine in engines.ENGINES and engines.get(stack.engine).serves != self.serving:
+            kind = "server engines" if self.serving else "in-process engines"
+            raise ConfigError(f"the {self.name} group runs {kind}, and {stack.engine} "
+                              f"{'is not a server' if self.serving else 'is a server (the serving group measures it)'}")
         reason = self.guard(stack)
         if reason:
             raise ConfigError(reason)

@@ -47,7 +47,7 @@ class LoadedGGUF:
     counts: dict = field(default_factory=lambda: {"eval_calls": 0, "eval_tokens": 0})
 
 
-def _eos_ids(folder: pathlib.Path, tokenizer) -> tuple[int, ...]:
+def eos_ids(folder: pathlib.Path, tokenizer) -> tuple[int, ...]:
     """The end-of-sequence ids transformers' ``min_new_tokens`` suppresses (generation config's
     ``eos_token_id``, else the tokenizer's)."""
     ids: list[int] = []
@@ -130,7 +130,7 @@ def load(config: TrialConfig, tokenizer, n_ctx: int) -> LoadedGGUF:
     model = open_llama(path, llama_arguments(stack, n_ctx), config.seed)
     loaded = LoadedGGUF(entry.name, stack.precision, config.device, model, tokenizer,
                         time.perf_counter() - started, path, card,
-                        _eos_ids(pathlib.Path(entry.path()), tokenizer), n_ctx)
+                        eos_ids(pathlib.Path(entry.path()), tokenizer), n_ctx)
     counts = loaded.counts
     evaluate = model.eval
 

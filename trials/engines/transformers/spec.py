@@ -6,7 +6,11 @@ PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "gptq")
 
 
 def guard(stack) -> str | None:
-    return None             # every stack of the seed's axes runs here (each technique guards its own)
+    """Every stack of the seed's axes runs here (each technique guards its own), speculation at batch 1."""
+    if stack.speculation != "none" and stack.batch_size != 1:
+        return ("speculative decoding runs at batch_size 1 only "
+                f"(transformers' assisted generation), got {stack.batch_size}")
+    return None
 
 
 SPEC = Engine("transformers", "transformers generate()", PRECISIONS, {"hqq": (8, 4, 2), "quanto": (4, 2)},

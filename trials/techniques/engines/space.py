@@ -51,7 +51,7 @@ def plan(models: list[str], profile, device: str,
     configs = []
     for entry in planning.targets(models, catalogue):
         settings = profile.settings(NAME, entry, device)
-        chosen = [engine_registry.get(name) for name in settings.get("engines") or engine_registry.ENGINES]
+        chosen = [engine_registry.get(name) for name in settings.get("engines") or engine_registry.in_process()]
         here = [e for e in chosen if device in e.devices]
         if len(here) < 2 and len(chosen) >= 2:
             log.info("engines: %s left out on %s: only %s runs there", entry.name, device,

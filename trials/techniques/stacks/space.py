@@ -56,7 +56,7 @@ def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_I
     from trials.measurement.hardware import fast_precision  # torch: only when the group is planned
 
     base = fast_precision(device)
-    others = [e for e in engines.ENGINES.values() if e.name != engines.DEFAULT and device in e.devices]
+    others = [e for e in engines.in_process().values() if e.name != engines.DEFAULT and device in e.devices]
     missing = [e for e in others if not e.installed()]
     configs = []
     for entry in planning.targets(models, catalogue):

@@ -1,0 +1,170 @@
+"""Serving under load, per model: how each stack behind a real server holds up as requests arrive faster.
+
+Each serving run (``trials/techniques/serving/runner.py``) measured one stack behind its server at a
+ladder of points: closed-loop concurrency levels (``c<N>_``) and seeded Poisson arrivals at multiples
+of the stack's own single-stream rate (``r<i>_``). Four charts, one panel per model, one line per
+stack:
+
+1. p95 time to first token vs offered rate (whiskers: bootstrap 95 % interval; a hollow marker where
+   the point had fewer requests than a p95 needs and shows the largest value), the SLO dashed: the
+   knee is where queueing starts;
+2. p95 inter-token latency vs offered rate, the TPOT limit dashed;
+3. goodput (requests per second within both limits) vs offered rate, the offered rate dotted;
+4. output tokens per second vs requests in flight (closed loop): what the parallel slots buy.
+
+Hover gives the point's numbers, the server's command line and the run (a click opens it).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from dashboard.sections.common import PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest
+
+GROUP = "serving"
+TITLE = "Serving under load — requests per second within a latency SLO"
+BLURB = ("Behind a real server with continuous batching, how many requests per second does each stack "
+         "sustain before time to first token and time per token leave the SLO?")
+TTFT_ID, ITL_ID, GOODPUT_ID, SLOTS_ID = "serving-ttft", "serving-itl", "serving-goodput", "serving-slots"
+KEYS = ["model", "stack", "device"]
+NEEDED = ("model", "stack", "single_stream_rps")
+POINT = re.compile(r"^(?P<prefix>[rc]\d+)_(?P<name>.+)$")
+COLORS = qualitative.Plotly
+SERVING = PROVENANCE + Hover(("command", "server", "tags.server_command", "{}"))
+
+
+def _rows(frame: pd.DataFrame) -> pd.DataFrame:
+    rows = latest(frame, KEYS)
+    return rows[pd.to_numeric(rows.get("single_stream_rps"), errors="coerce").notna()].reset_index(drop=True)
+
+
+def points(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, point): the run's columns and the point's metrics without their prefix."""
+    out = []
+    for run in rows.to_dict("records"):
+        by_point: dict[str, dict] = {}
+        for column, value in run.items():
+            match = POINT.match(str(column))
+            if match and value is not None and not (isinstance(value, float) and pd.isna(value)):
+                by_point.setdefault(match["prefix"], {})[match["name"]] = value
+        for prefix, values in by_point.items():
+            kind = "rate" if prefix.startswith("r") else "concurrency"
+            level = float(prefix[1:]) if kind == "concurrency" else float(values.get("offered_rps", float("nan")))
+            out.append({**run, **values, "point": prefix, "kind": kind, "level": level})
+    return pd.DataFrame(out)
+
+
+def _hover(part: pd.DataFrame, y_title: str, y: str, fmt: str) -> tuple[list, str]:
+    custom = SERVING.rows(part)
+    template = (f"<b>%{{fullData.name}}</b> · %{{text}}<br>{y_title}: %{{y:{fmt}}}<br>"
+                "offered %{x:.2f} req/s<br>" + SERVING.lines("command")
+                + PROVENANCE_HOVER + "<extra></extra>")
+    return custom, template
+
+
+def _panel_figure(pts: pd.DataFrame, models: list[str], kind: str, y: str, title: str, y_title: str,
+                  fmt: str, limit: str | None = None, diagonal: bool = False, log_y: bool = False) -> go.Figure:
+    figure = make_subplots(rows=1, cols=len(models), subplot_titles=models, shared_yaxes=True)
+    stacks = sorted(pts["stack"].astype(str).unique())
+    colors = {s: COLORS[i % len(COLORS)] for i, s in enumerate(stacks)}
+    for col, model in enumerate(models, start=1):
+        mine = pts[(pts["model"] == model) & (pts["kind"] == kind)]
+        for stack in stacks:
+            part = mine[mine["stack"] == stack].sort_values("level")
+            if part.empty or y not in part.columns:
+                continue
+            ys = pd.to_numeric(part[y], errors="coerce")
+            error = None
+            if f"{y}_low" in part.columns:
+                low, high = pd.to_numeric(part[f"{y}_low"], errors="coerce"), pd.to_numeric(part[f"{y}_high"], errors="coerce")
+                error = dict(type="data", symmetric=False, array=list((high - ys).fillna(0)),
+                             arrayminus=list((ys - low).fillna(0)))
+            exact = pd.to_numeric(part.get(f"{y}_exact", pd.Series(1, index=part.index)), errors="coerce").fillna(1)
+            custom, template = _hover(part, y_title, y, fmt)
+            figure.add_trace(go.Scatter(
+                name=stack, legendgroup=stack, showlegend=col == 1, x=list(part["level"]), y=list(ys),
+                mode="lines+markers", error_y=error, line=dict(color=colors[stack]),
+                marker=dict(symbol=["circle" if e else "circle-open" for e in exact], size=8),
+                text=[f"{p} ({'exact' if e else 'largest value: too few requests for this percentile'})"
+                      for p, e in zip(part["point"], exact)],
+                customdata=custom, hovertemplate=template), row=1, col=col)
+        if limit and limit in mine.columns and len(mine):
+            figure.add_hline(y=float(pd.to_numeric(mine[limit], errors="coerce").max()), line_dash="dash",
+                             line_color="#c0392b", row=1, col=col, annotation_text="SLO")
+        if diagonal and len(mine):
+            top = float(mine["level"].max())
+            figure.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", line=dict(dash="dot", color="#999"),
+                                        name="offered", showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
+    x_title = "offered rate (requests/s, Poisson)" if kind == "rate" else "requests in flight (closed loop)"
+    figure.update_xaxes(title_text=x_title)
+    figure.update_yaxes(title_text=y_title)
+    if log_y:
+        figure.update_yaxes(type="log")
+    figure.update_layout(title=title, template=TEMPLATE, height=440, legend_title="stack",
+                         margin=dict(l=60, r=20, t=80, b=50))
+    return figure
+
+
+def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
+    if not has(frame, *NEEDED):
+        return []
+    rows = _rows(frame)
+    pts = points(rows)
+    if pts.empty:
+        return []
+    models = sorted(pts["model"].astype(str).unique())
+    return [
+        (TTFT_ID, _panel_figure(pts, models, "rate", "ttft_s_p95", "p95 time to first token vs offered rate",
+                                "p95 TTFT (s)", ".3f", limit="ttft_slo_s", log_y=True)),
+        (ITL_ID, _panel_figure(pts, models, "rate", "itl_s_p95", "p95 inter-token latency vs offered rate",
+                               "p95 ITL (s)", ".4f", limit="tpot_slo_s")),
+        (GOODPUT_ID, _panel_figure(pts, models, "rate", "goodput_rps", "Goodput (requests/s within the SLO) vs offered rate",
+                                   "goodput (req/s)", ".2f", diagonal=True)),
+        (SLOTS_ID, _panel_figure(pts, models, "concurrency", "output_tok_per_s",
+                                 "Output tokens/s vs requests in flight (the stack's slots: bN in its name)",
+                                 "output tok/s", ".1f")),
+    ]
+
+
+def caption(frame: pd.DataFrame) -> str:
+    if not has(frame, *NEEDED):
+        return ""
+    rows = _rows(frame)
+    if rows.empty:
+        return ""
+
+    def span(column: str, fmt: str = "{:g}") -> str:
+        values = sorted({float(v) for v in pd.to_numeric(rows.get(column), errors="coerce").dropna()})
+        return "?" if not values else (fmt.format(values[0]) if len(values) == 1 else
+                                       f"{fmt.format(values[0])}–{fmt.format(values[-1])}")
+    return (f"Each stack behind llama.cpp's own server (or another server engine) on 127.0.0.1, driven by one asyncio "
+            f"client streaming /v1/completions: warm-up excluded, then {span('load_requests')} requests per point "
+            f"(p95 needs 20, p99 100: below that the largest value, hollow marker), one at a time, then closed-loop "
+            f"concurrency levels, then seeded Poisson arrivals at multiples of the stack's own single-stream rate "
+            f"(x {', '.join(rows['load_rates'].dropna().astype(str).unique()) if 'load_rates' in rows else '?'}). "
+            f"{span('max_new_tokens')} new tokens per "
+            f"request, greedy, end of sequence suppressed, prompt cache off. SLO: TTFT ≤ {span('ttft_slo_s')} s, "
+            f"time per output token ≤ {span('tpot_slo_s')} s. Whiskers: bootstrap 95 % intervals. Device: "
+            f"{device_names(rows)}. Token parity with the in-process engine: {span('parity_token_match', '{:.2f}')}.")
+
+
+def report(frame: pd.DataFrame) -> list[str]:
+    """Per model and stack: single-stream rate, saturation, sustainable rate under the SLO, goodput."""
+    if not has(frame, *NEEDED):
+        return []
+    rows = _rows(frame)
+    lines = ["| model | stack | single stream req/s | saturates at req/s | sustainable within SLO req/s | max goodput req/s | "
+             "p50 TTFT at the lowest rate (s) | parity |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows.sort_values(["model", "stack"]).to_dict("records"):
+        def number(column: str, fmt: str = "{:.2f}") -> str:
+            value = pd.to_numeric(pd.Series([row.get(column)]), errors="coerce").iloc[0]
+            return "n/a" if pd.isna(value) else fmt.format(value)
+        lines.append(f"| {row['model']} | {row['stack']} | {number('single_stream_rps')} | {number('saturation_rps')} | "
+                     f"{number('sustainable_rps')} | {number('goodput_rps_max')} | {number('ttft_s_p50_lowest_rate', '{:.3f}')} | "
+                     f"{number('parity_token_match')} |")
+    return lines

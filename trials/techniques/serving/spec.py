@@ -1,0 +1,66 @@
+"""The serving group's declaration: a server engine's stacks (``Engine.serves``) driven by a load
+generator, measured as latency percentiles, goodput under an SLO and the rate each sustains.
+
+A trial holds every CPU of its node (the server's threads and the client's one process), so that no
+other trial's work is mistaken for the server's queueing.
+"""
+
+from __future__ import annotations
+
+from trials.techniques.spec import ProfileKey, Technique
+
+NAME = "serving"
+MIN_NEW_TOKENS = 32        # a realistic output length: shorter, and TTFT alone decides every SLO
+SERVER_START_S = 5.0       # loading the GGUF, warming up, the first health answer
+
+
+def guard(stack) -> str | None:
+    if stack.compile:
+        return f"the serving group drives servers (no compiled decoding), got stack {stack.label}"
+    return None
+
+
+def cost(config, estimate) -> float:
+    """The server's start, the warm-up and single-stream point (one request at a time), each
+    concurrency level (at least as long as its requests one at a time divided by the slots), each
+    Poisson point (its requests' arrival span, or the single-stream time past capacity), and parity
+    (each prompt once through the server and once in-process)."""
+    load, slots = config.load, config.stack.batch_size
+    request_s = estimate.generate_s(estimate.cost, config.workload.max_new_tokens, 1, 1) / max(1, estimate.prompts)
+    single = (load.warmup + load.requests) * request_s
+    levels = sum(load.requests * request_s / min(c, slots) for c in load.concurrency if c != 1)
+    rates = sum(load.requests * request_s / min(m, slots) for m in load.rates)
+    parity = 2 * estimate.prompts * request_s
+    return SERVER_START_S + single + levels + rates + parity
+
+
+def shrink(config, workload, prompts_divisor: int):
+    """Fewer prompts (they cycle through each point's requests), never fewer than ``MIN_NEW_TOKENS``."""
+    from dataclasses import replace
+
+    return replace(workload, max_new_tokens=max(workload.max_new_tokens,
+                                                min(config.workload.max_new_tokens, MIN_NEW_TOKENS)))
+
+
+SPEC = Technique(
+    NAME, "Serving: requests per second within a latency SLO", order=8,
+    guard=guard,
+    runner="trials.techniques.serving.runner:run_serving_trial",
+    space="trials.techniques.serving.space:plan",
+    section="dashboard.sections.serving",
+    reference="the same GGUF in-process (the llama.cpp engine, batch 1) for token parity; the stack's own "
+              "single-stream capacity (measured first in the trial) sizes its rate ladder",
+    profile_keys={"weights": ProfileKey("weight", many=True, optional=True),
+                  "caches": ProfileKey("cache", many=True, optional=True),
+                  "parallel": ProfileKey("int", many=True, low=1, high=64),
+                  "lookup_k": ProfileKey("int", low=1, high=64, optional=True),
+                  "rates": ProfileKey("number", many=True, low=0.01, high=1000),
+                  "concurrency": ProfileKey("int", many=True, low=1, high=1024),
+                  "requests_per_point": ProfileKey("int", low=1, high=100_000),
+                  "warmup_requests": ProfileKey("int", low=0, high=1000),
+                  "ttft_slo_ms": ProfileKey("int", low=1, high=3_600_000),
+                  "tpot_slo_ms": ProfileKey("int", low=1, high=3_600_000),
+                  "real_models_only": ProfileKey("bool", optional=True),
+                  "servers": ProfileKey("engine", many=True, optional=True)},
+    cost=cost, shrink=shrink, engines=None, serving=True, holds_node=True,
+)
