@@ -128,7 +128,7 @@ def resources_of(plain: dict[str, float], configs, later):
     from trials import groups
 
     holding = {g.name for g in groups.GROUPS if g.holds_node}
-    if not any(c.group in holding for c in configs) and later is None:
+    if not any(c.group in holding for c in [*configs, *(later.planned if later is not None else [])]):
         return plain
     whole = {**plain, "cpu": max(plain["cpu"], node_cpus())}
 

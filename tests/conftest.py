@@ -67,6 +67,17 @@ def tiny_zoo():
     return zoo.zoo_dir()
 
 
+RAY_SHUTDOWN_NOISE = re.compile(r"^.*Exception ignored in: .*\n(?:^.*\(run_in_worker pid=\d+\).*\n)*?"
+                                r"^.*sigterm_handler.*\n(?:^.*\(run_in_worker pid=\d+\).*\n)*", re.M)
+
+
+def without_ray_shutdown_noise(stderr: str) -> str:
+    """``stderr`` less what an idle Ray worker prints when ``ray.shutdown`` terminates it in the middle
+    of a garbage-collection callback ("Exception ignored in: ... sigterm_handler ... SystemExit"): Ray's
+    own teardown, after the sweep has said everything, not an error of the sweep."""
+    return RAY_SHUTDOWN_NOISE.sub("", stderr if stderr.endswith("\n") else stderr + "\n")
+
+
 def run_sweep(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """``python sweeps/full.py ARGS`` as a user runs it, from the repository root."""
     return subprocess.run([sys.executable, str(SWEEP), *args], capture_output=True, text=True,
