@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dashboard.decision import Limits, Quality, _misses_quality, seconds
+from dashboard.decision import Limits, Quality, _misses_quality, _num, seconds
 from trials import engines
 from trials.measurement.cost import usd_per_million_tokens
 from trials.stats.serving import Slo, keeps_up, saturation_rps, sustainable
@@ -87,11 +87,6 @@ def nearest(candidates: list[Served]) -> tuple[Served, dict, float] | None:
             if best is None or factor < best[2]:
                 best = (served, point, factor)
     return best
-
-
-def _num(row, name: str) -> float:
-    value = pd.to_numeric(pd.Series([row.get(name)]), errors="coerce").iloc[0]
-    return float(value) if pd.notna(value) else math.nan
 
 
 def rate_points(row: pd.Series) -> list[dict]:

@@ -46,35 +46,32 @@ class Type:
 
 
 @dataclass
-class Int(Type):
-    lo: int
-    hi: int
-
-    def check(self, value, node, path, source):
-        if isinstance(value, bool) or not isinstance(value, int):
-            fail_at(source, node, path, f"{shown(value)} is not an integer (expected {self.describe()})")
-        if not self.lo <= value <= self.hi:
-            fail_at(source, node, path, f"{value} is out of range (expected {self.describe()})")
-        return value
-
-    def describe(self):
-        return f"an integer from {self.lo} to {self.hi}"
-
-
-@dataclass
 class Number(Type):
     lo: float
     hi: float
+    kinds = (int, float)          # what counts as one (never a bool)
+    word = "a number"
 
     def check(self, value, node, path, source):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            fail_at(source, node, path, f"{shown(value)} is not a number (expected {self.describe()})")
+        if isinstance(value, bool) or not isinstance(value, self.kinds):
+            fail_at(source, node, path, f"{shown(value)} is not {self.word} (expected {self.describe()})")
         if not self.lo <= value <= self.hi:
             fail_at(source, node, path, f"{value} is out of range (expected {self.describe()})")
         return value
 
     def describe(self):
-        return f"a number from {self.lo:g} to {self.hi:g}"
+        return f"{self.word} from {self.lo:g} to {self.hi:g}"
+
+
+@dataclass
+class Int(Number):
+    lo: int
+    hi: int
+    kinds = (int,)
+    word = "an integer"
+
+    def describe(self):
+        return f"{self.word} from {self.lo} to {self.hi}"
 
 
 @dataclass

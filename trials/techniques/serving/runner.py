@@ -42,9 +42,8 @@ class LoadFailed(RuntimeError):
 
 def _requests(served, count: int, new_tokens: int, offset: int = 0) -> list[Request]:
     """``count`` requests cycling through the workload's prompts (the same order for every stack)."""
-    prompts = served.prompts
-    return [Request(prompts[(offset + i) % len(prompts)].id, served.prompt_ids[prompts[(offset + i) % len(prompts)].id],
-                    new_tokens) for i in range(count)]
+    ids = [served.prompts[(offset + i) % len(served.prompts)].id for i in range(count)]
+    return [Request(prompt_id, served.prompt_ids[prompt_id], new_tokens) for prompt_id in ids]
 
 
 class Ladder:
