@@ -505,7 +505,7 @@ def transformers_compat() -> list[str]:
 
     * ``generate()``'s output calls its cache ``cache`` in 5.24 (``trials.engines.transformers.generation.generate_batch`` reads
       ``out.cache``); 5.17 calls it ``past_key_values``: without this every trial fails.
-    * a model's forward takes ``cache=`` in 5.24 (``trials.techniques.kv_cache.runner.teacher_forced_logprobs``); 5.17
+    * a model's forward takes ``cache=`` in 5.24 (``trials.engines.transformers.teacher_forced.teacher_forced_logprobs``); 5.17
       takes ``past_key_values=`` and silently ignores an unknown ``cache=``, so each teacher-forced
       step would run without its prefix (wrong KL and perplexity, no error).
     """

@@ -30,7 +30,8 @@ from trials.models import loading
 from trials.models.registry import get_model, zoo_targets
 from trials.prompts import extend_to_tokens, workload_prompts
 from trials.run import run_trial
-from trials.techniques.kv_cache.runner import check_model, expected_bytes, residual_tokens
+from trials.techniques.kv_cache.runner import expected_bytes, residual_tokens
+from trials.techniques.kv_cache.space import check_model
 from trials.techniques.kv_cache.space import kv_caches
 from trials.techniques.kv_cache.space import plan as kv_cache_space
 

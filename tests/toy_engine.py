@@ -2,7 +2,7 @@
 ``LLM_SWEEPS_ENGINES=toy_engine`` and runs it through plan -> trial -> store -> section -> export.
 
 One module holds all of it: the declaration (``SPEC``) and the backend (``trials.engines.spec.Backend``:
-``load``, ``prepare``, ``generate_batch``, ``facts``, ``trial_facts``, ``scorer``). It decodes with a
+``load``, ``prepare``, ``generate_batch``, ``facts``, ``trial_facts``, ``scorer``, ``teacher_forced``). It decodes with a
 hand-written greedy loop over the model's own forward pass and cache (no ``generate()``): the smallest
 engine that is still a real one.
 """
@@ -75,3 +75,7 @@ def scorer(config, loaded, context):
         with torch.inference_mode():
             return loaded.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
     return logits
+
+
+def teacher_forced(config, loaded, prompts, stack):
+    return "the toy engine scores over windows only (its scorer)"

@@ -116,6 +116,9 @@ class Backend(Protocol):
     and build beside the loop's numbers.
     ``scorer(config, loaded, context)`` -> a function (token ids -> fp32 logits per position) for
     teacher-forced quality, or a string saying why this stack is not scored that way.
+    ``teacher_forced(config, loaded, prompts, stack)`` -> (log-probabilities, true tokens) per prompt:
+    each prompt's last tokens fed one at a time through a cache of ``stack``'s kind, as decoding
+    reads it; or a string saying why the engine does not score that way.
     """
 
     def load(self, config): ...
@@ -124,6 +127,7 @@ class Backend(Protocol):
     def facts(self, loaded, record): ...
     def trial_facts(self, config, loaded, measured, prompts, prepared): ...
     def scorer(self, config, loaded, context): ...
+    def teacher_forced(self, config, loaded, prompts, stack): ...
 
 
 class ServerBackend(Protocol):

@@ -1,6 +1,10 @@
-"""Teacher-forced quality of a stack on any engine, against the model's reference precision (on the
-default engine), on the very same token windows: perplexity, the reference's perplexity, and the
-mean KL divergence of the candidate's next-token distribution from the reference's.
+"""Quality against a reference, one module for every technique: the reference itself (greedy outputs
+and what a group scores beside them, measured once per worker and reused), and the teacher-forced
+comparisons: KL divergence of next-token distributions, top-1 agreement and perplexity.
+
+``compare``: a stack on any engine against the model's reference precision (on the default engine),
+on the very same token windows: perplexity, the reference's perplexity, and the mean KL divergence
+of the candidate's next-token distribution from the reference's.
 
 The windows are ``trials.measurement.perplexity.heldout_windows`` of the model's perplexity method
 (the quantization group's text, context and stride), tokenized by the transformers tokenizer; every
@@ -15,12 +19,67 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from trials.measurement.perplexity import heldout_windows
+from trials.worker import WORKER
+
+
+# ------------------------------------------------------------------------------ the reference
+
+@dataclass
+class Reference:
+    """What a trial is compared with: the reference stack's greedy outputs on the trial's prompts,
+    and what a group scores beside them (teacher-forced log-probabilities and true tokens, a
+    perplexity, the parameter count)."""
+
+    precision: str
+    outputs: dict[str, list[int]]
+    logprobs: list[torch.Tensor] | None = None
+    targets: list[torch.Tensor] | None = None
+    perplexity: Any = None
+    num_parameters: int = 0
+
+
+def reference(memo: str, reference_hash: str, measured_by: str, make: Callable[[], Reference],
+              this_trial: Reference | None = None, max_age_s: float | None = 30 * 60,
+              keep_latest: bool = False) -> tuple[Reference, str]:
+    """The reference, with where it came from: ``this_trial`` when the trial is the reference stack
+    itself, else the one this worker measured recently (the memo ``memo``, keyed by the reference
+    config's hash), else ``make()`` now. ``keep_latest`` bounds memory to one reference."""
+    store = WORKER.memo(memo, max_age_s=max_age_s, keep_latest=keep_latest)
+    if this_trial is not None:
+        return store.put(reference_hash, measured_by, this_trial), "this trial"
+    return store.get(reference_hash, measured_by, make)
+
+
+# ------------------------------------------------------------------------------ teacher-forced scores
+
+def kl_per_position(reference: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """KL(reference || candidate) of each row's next-token distribution, from log-probabilities
+    (rounding can make an identical pair a hair below 0: clamped)."""
+    return (reference.exp() * (reference - candidate)).sum(-1).clamp_min(0.0)
+
+
+def teacher_forced_metrics(reference: list[torch.Tensor], logprobs: list[torch.Tensor],
+                           targets: list[torch.Tensor]) -> dict[str, float]:
+    """KL(reference || this), top-1 agreement and perplexities over every teacher-forced position."""
+    ref, this, true = torch.cat(reference), torch.cat(logprobs), torch.cat(targets)
+    kl = kl_per_position(ref, this)
+    nll_ref = -ref.gather(1, true[:, None]).mean()
+    nll = -this.gather(1, true[:, None]).mean()
+    ppl_ref, ppl = math.exp(float(nll_ref)), math.exp(float(nll))
+    return {"kl_divergence": float(kl.mean()), "kl_divergence_max": float(kl.max()),
+            "teacher_forced_top1_match": float((ref.argmax(-1) == this.argmax(-1)).float().mean()),
+            "teacher_forced_tokens": float(true.numel()),
+            "reference_perplexity": ppl_ref, "perplexity": ppl, "perplexity_delta": ppl - ppl_ref,
+            "perplexity_ratio": ppl / ppl_ref}
+
+
+# ------------------------------------------------------------------------------ perplexity windows
 
 
 @dataclass
@@ -70,7 +129,7 @@ def compare(reference_model, tokenizer, method, candidate: Callable[[list[int]],
         idx = torch.arange(len(targets))[scored]
         nll_ref -= float(ref[idx, targets[scored]].double().sum())
         nll -= float(cand[idx, targets[scored]].double().sum())
-        kl += float((ref[scored].exp() * (ref[scored] - cand[scored])).sum().double())
+        kl += float(kl_per_position(ref[scored], cand[scored]).double().sum())
         tokens += len(idx)
     return Quality(math.exp(nll / tokens), math.exp(nll_ref / tokens), kl / tokens, tokens, len(windows),
                    time.perf_counter() - started, corpus_hash, note)

@@ -108,3 +108,8 @@ def scorer(config: TrialConfig, loaded, context: int):
         model.eval(ids)
         return torch.from_numpy(np.array(model.scores[:len(ids)], dtype=np.float32))
     return logits
+
+
+def teacher_forced(config: TrialConfig, loaded, prompts, stack) -> str:
+    return ("llama.cpp is scored teacher-forced over the model's perplexity windows (its scorer, "
+            "the engines group), not through a decoding cache")

@@ -12,7 +12,7 @@ greedy outputs (measured once per worker, model and workload), teacher-forced qu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from trials import engines
 from trials.config import Runtime, Stack, TrialConfig
@@ -22,13 +22,6 @@ from trials.measurement.bandwidth import memory_bandwidth
 from trials.models import loading
 from trials.models.registry import perplexity_method, reference_precision
 from trials.stats.theory import roofline_tok_per_s
-from trials.worker import WORKER
-
-
-@dataclass
-class Reference:
-    precision: str
-    outputs: dict[str, list[int]]
 
 
 def _is_reference(config: TrialConfig) -> bool:
@@ -37,19 +30,17 @@ def _is_reference(config: TrialConfig) -> bool:
             and s.precision == reference_precision(config.entry(), config.device))
 
 
-def _reference(config: TrialConfig, prompts, this_trial: dict | None) -> tuple[Reference, str]:
+def _reference(config: TrialConfig, prompts, this_trial: dict | None) -> tuple[quality.Reference, str]:
     """The default engine at the reference precision on the same prompts, greedy (measured or reused)."""
     precision = reference_precision(config.entry(), config.device)
     plain = replace(config, stack=Stack(precision=precision), repeats=1)
-    memo = WORKER.memo("engines.reference", max_age_s=30 * 60)
-    if this_trial is not None:
-        return memo.put(plain.config_hash, config.config_hash, Reference(precision, this_trial)), "this trial"
 
-    def make() -> Reference:
+    def make() -> quality.Reference:
         loaded = loading.load(config.entry(), precision, config.device)
-        return Reference(precision, measure(plain, loaded, prompts, generate_kwargs={}).outputs())
+        return quality.Reference(precision, measure(plain, loaded, prompts, generate_kwargs={}).outputs())
 
-    return memo.get(plain.config_hash, config.config_hash, make)
+    return quality.reference("engines.reference", plain.config_hash, config.config_hash, make,
+                             None if this_trial is None else quality.Reference(precision, this_trial))
 
 
 def run_engine_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:

@@ -51,27 +51,13 @@ import torch
 
 from trials import engines
 from trials.config import Runtime, Stack, TrialConfig
-from trials.engines.transformers.kv_cache import HYBRID_NOTE, cache_kwarg, has_sliding_layers, make_cache
-from trials.errors import ConfigError
+from trials.engines.transformers.kv_cache import HYBRID_NOTE, has_sliding_layers
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
-from trials.measurement.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
+from trials.measurement import quality
+from trials.measurement.kv_footprint import KVFootprint
 from trials.models import loading
 from trials.prompts import Prompt
-from trials.techniques.kv_cache.space import cache_refusal
-from trials.worker import WORKER
-
-REFERENCE_MAX_AGE_S = 30 * 60
-
-
-def check_model(config: TrialConfig, model_config) -> KVFootprint:
-    """The model's footprint, or ``ConfigError`` when its KV cache cannot be measured against it."""
-    try:
-        footprint = kv_footprint(model_config, mla="expanded")
-    except KVFootprintError as exc:
-        raise ConfigError(f"{config.model}: the KV footprint calculator cannot model it: {exc}") from None
-    if reason := cache_refusal(config.model, footprint, config.stack):
-        raise ConfigError(reason)
-    return footprint
+from trials.techniques.kv_cache.space import check_model
 
 
 # ------------------------------------------------------------------------------ expected bytes
@@ -124,86 +110,23 @@ def expected_bytes(footprint: KVFootprint, stack: Stack, cached_tokens: int, pro
                          sliding.held_bytes(cached_tokens, batch, dtype_bits) if sliding.groups else 0)
 
 
-# ------------------------------------------------------------------------------ teacher-forced
-
-def forced_length(config: TrialConfig, prompt_tokens: int) -> int:
-    """How many of a prompt's last tokens are teacher-forced: ``max_new_tokens``, leaving a prefix."""
-    return max(1, min(config.workload.max_new_tokens, prompt_tokens - 1))
-
-
-def teacher_forced_logprobs(loaded: loading.LoadedModel, stack: Stack, prompt: Prompt,
-                            forced: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probabilities ``[forced, vocab]`` of the next token, the true tokens ``[forced]``).
-
-    The prefix is pre-filled into a fresh cache of the stack's kind, then the last ``forced`` tokens
-    are fed one per step, as decoding feeds them, so each prediction reads the cache under test.
-    """
-    ids = loaded.tokenizer(prompt.text, return_tensors="pt")["input_ids"].to(loaded.device)
-    prefix, targets = ids[:, :-forced], ids[0, -forced:]
-    cache = {cache_kwarg(loaded.model): make_cache(stack, loaded.model)}
-    with torch.inference_mode():
-        out = loaded.model(input_ids=prefix, use_cache=True, **cache)
-        logits = [out.logits[0, -1]]
-        for step in range(forced - 1):
-            out = loaded.model(input_ids=targets[None, step:step + 1], use_cache=True, **cache)
-            logits.append(out.logits[0, -1])
-    return torch.log_softmax(torch.stack(logits).float(), dim=-1).cpu(), targets.cpu()
-
-
-def quality_metrics(reference: list[torch.Tensor], logprobs: list[torch.Tensor],
-                    targets: list[torch.Tensor]) -> dict[str, float]:
-    """KL(full || this), top-1 agreement and perplexities over every teacher-forced position."""
-    ref, this, true = torch.cat(reference), torch.cat(logprobs), torch.cat(targets)
-    kl = (ref.exp() * (ref - this)).sum(-1).clamp_min(0.0)
-    nll_ref = -ref.gather(1, true[:, None]).mean()
-    nll = -this.gather(1, true[:, None]).mean()
-    ppl_ref, ppl = math.exp(float(nll_ref)), math.exp(float(nll))
-    return {"kl_divergence": float(kl.mean()), "kl_divergence_max": float(kl.max()),
-            "teacher_forced_top1_match": float((ref.argmax(-1) == this.argmax(-1)).float().mean()),
-            "teacher_forced_tokens": float(true.numel()),
-            "reference_perplexity": ppl_ref, "perplexity": ppl, "perplexity_delta": ppl - ppl_ref,
-            "perplexity_ratio": ppl / ppl_ref}
-
-
 # ------------------------------------------------------------------------------ the reference
 
-@dataclass
-class Reference:
-    """The full-precision cache's outputs and teacher-forced predictions on a trial's prompts."""
-
-    outputs: dict[str, list[int]]
-    logprobs: list[torch.Tensor]
-    targets: list[torch.Tensor]
-
-
-def _reference_config(config: TrialConfig) -> TrialConfig:
-    return replace(config, stack=Stack(precision=config.stack.precision))
-
-
-def teacher_forced(loaded: loading.LoadedModel, stack: Stack, prompts: list[Prompt],
-                   config: TrialConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """``teacher_forced_logprobs`` of every prompt: (log-probabilities, true tokens) per prompt."""
-    pairs = [teacher_forced_logprobs(loaded, stack, p, forced_length(
-        config, len(loaded.tokenizer(p.text)["input_ids"]))) for p in prompts]
-    return [lp for lp, _ in pairs], [t for _, t in pairs]
-
-
 def reference(config: TrialConfig, loaded: loading.LoadedModel, prompts: list[Prompt],
-              measured: Measured | None = None) -> tuple[Reference, str]:
-    """The full-precision reference of this trial's prompts: ``measured`` when the trial is itself
-    the full-precision stack, else the one this worker measured recently, else measured now (one
-    pass; its timing is not used). Only the latest reference is kept, to bound memory."""
-    plain = _reference_config(config)
-    memo = WORKER.memo("kv_cache.reference", max_age_s=REFERENCE_MAX_AGE_S, keep_latest=True)
+              measured: Measured | None = None) -> tuple[quality.Reference, str]:
+    """The full-precision cache's outputs and teacher-forced predictions on this trial's prompts:
+    ``measured`` when the trial is itself the full-precision stack, else the one this worker measured
+    recently, else measured now (one pass; its timing is not used). Only the latest is kept (memory)."""
+    plain = replace(config, stack=Stack(precision=config.stack.precision))
 
-    def make(measured: Measured | None = None) -> Reference:
+    def make(measured: Measured | None = None) -> quality.Reference:
         if measured is None:
             measured = measure(plain, loaded, prompts, repeats=1, generate_kwargs={})
-        return Reference(measured.outputs(), *teacher_forced(loaded, plain.stack, prompts, config))
+        return quality.Reference(plain.stack.precision, measured.outputs(),
+                                 *engines.backend(plain.stack).teacher_forced(config, loaded, prompts, plain.stack))
 
-    if measured is not None:
-        return memo.put(plain.config_hash, config.config_hash, make(measured)), "this trial"
-    return memo.get(plain.config_hash, config.config_hash, make)
+    return quality.reference("kv_cache.reference", plain.config_hash, config.config_hash, make,
+                             make(measured) if measured is not None else None, keep_latest=True)
 
 
 # ------------------------------------------------------------------------------ the trial
@@ -238,9 +161,9 @@ def run_kv_cache(config: TrialConfig, runtime: Runtime) -> TrialResult:
     if stack.kv_bits == 16:
         logprobs, targets = ref.logprobs, ref.targets
     else:
-        logprobs, targets = teacher_forced(loaded, stack, prompts, config)
+        logprobs, targets = engines.backend(stack).teacher_forced(config, loaded, prompts, stack)
     metrics = {**compare_outputs(measured.outputs(), ref.outputs),
-               **quality_metrics(ref.logprobs, logprobs, targets),
+               **quality.teacher_forced_metrics(ref.logprobs, logprobs, targets),
                **byte_metrics(footprint, config, loaded, measured)}
     result = finish(config, runtime, loaded, measured, metrics=metrics,
                     tags={"reference_source": source, "kv_cache_method": _method(stack, loaded),

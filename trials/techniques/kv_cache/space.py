@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from trials.config import Stack, TrialConfig, parse_cache
+from trials.errors import ConfigError
 from trials.measurement.kv_footprint import KVFootprint, KVFootprintError, kv_footprint
 from trials.models.registry import BUILT_IN, Catalogue, ModelEntry, max_positions, model_config
 from trials.techniques import planning
@@ -28,6 +29,17 @@ def cache_refusal(model: str, footprint: KVFootprint, stack: Stack) -> str | Non
                 f"{row} elements (kv_heads x head_dim); {stack.kv_backend} needs every cache length "
                 f"to split into whole groups")
     return None
+
+
+def check_model(config: TrialConfig, model_config) -> KVFootprint:
+    """The model's footprint, or ``ConfigError`` when its KV cache cannot be measured against it."""
+    try:
+        footprint = kv_footprint(model_config, mla="expanded")
+    except KVFootprintError as exc:
+        raise ConfigError(f"{config.model}: the KV footprint calculator cannot model it: {exc}") from None
+    if reason := cache_refusal(config.model, footprint, config.stack):
+        raise ConfigError(reason)
+    return footprint
 
 
 def kv_group_size(entry: ModelEntry) -> int:

@@ -43,15 +43,16 @@ wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from trials import engines
 from trials.config import Runtime, Stack, TrialConfig
 from trials.loop import TrialResult, compare_outputs, finish, measure, trial_prompts
+from trials.measurement import quality
 from trials.measurement.hardware import DTYPES
-from trials.measurement.perplexity import Perplexity, PerplexityMethod, perplexity
+from trials.measurement.perplexity import PerplexityMethod, perplexity
 from trials.models import loading
 from trials.models.quantized_weights import compute_dtype
 from trials.models.registry import perplexity_method, reference_precision
@@ -84,31 +85,22 @@ def nominal_weight_bytes(model: torch.nn.Module, precision: str, num_parameters:
 
 # ------------------------------------------------------------------------------ the trial
 
-@dataclass
-class Reference:
-    precision: str
-    outputs: dict[str, list[int]]
-    perplexity: Perplexity
-    num_parameters: int
-
-
 def _reference(config: TrialConfig, prompts: list[Prompt], method: PerplexityMethod,
-               this_trial: Reference | None = None) -> tuple[Reference, str]:
+               this_trial: quality.Reference | None = None) -> tuple[quality.Reference, str]:
     """The reference precision's greedy outputs and perplexity in this worker (measured or reused);
     ``this_trial`` when the trial runs the reference precision itself (measured once, not twice)."""
     precision = reference_precision(config.entry(), config.device)
     plain = replace(config, stack=Stack(precision=precision, batch_size=config.stack.batch_size), repeats=1)
-    if this_trial is not None:
-        return WORKER.memo("quantization.reference").put(plain.config_hash, config.config_hash, this_trial), \
-            "this trial"
 
-    def make() -> Reference:
+    def make() -> quality.Reference:
         loaded = loading.load(config.entry(), precision, config.device)
         measured = measure(plain, loaded, prompts, generate_kwargs={})
-        return Reference(precision, measured.outputs(), perplexity(loaded.model, loaded.tokenizer, method),
-                         sum(p.numel() for p in loaded.model.parameters()))
+        return quality.Reference(precision, measured.outputs(),
+                                 perplexity=perplexity(loaded.model, loaded.tokenizer, method),
+                                 num_parameters=sum(p.numel() for p in loaded.model.parameters()))
 
-    return WORKER.memo("quantization.reference").get(plain.config_hash, config.config_hash, make)
+    return quality.reference("quantization.reference", plain.config_hash, config.config_hash, make,
+                             this_trial, max_age_s=None)
 
 
 def _hf_footprint(model: torch.nn.Module) -> dict[str, float]:
@@ -126,21 +118,21 @@ def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
     prepared = engines.backend(config.stack).prepare(config, loaded, prompts)                       # weights only (group guard)
     measured = measure(config, loaded, prompts, generate_kwargs=prepared.kwargs)
     method = perplexity_method(config.entry(), config.workload.eval_windows)
-    quality = perplexity(loaded.model, loaded.tokenizer, method)
+    own = perplexity(loaded.model, loaded.tokenizer, method)
     this_trial = None
     if stack.precision == reference_precision(config.entry(), config.device):
-        this_trial = Reference(stack.precision, measured.outputs(), quality,
-                               sum(p.numel() for p in loaded.model.parameters()))
+        this_trial = quality.Reference(stack.precision, measured.outputs(), perplexity=own,
+                                        num_parameters=sum(p.numel() for p in loaded.model.parameters()))
     reference, source = _reference(config, prompts, method, this_trial)
     dtype = compute_dtype(config.entry(), config.device)
     nominal, quantized = nominal_weight_bytes(loaded.model, stack.precision, reference.num_parameters, dtype)
     metrics = {
-        "perplexity": quality.perplexity, "perplexity_tokens": float(quality.tokens),
-        "perplexity_windows": float(quality.windows), "perplexity_s": quality.seconds,
+        "perplexity": own.perplexity, "perplexity_tokens": float(own.tokens),
+        "perplexity_windows": float(own.windows), "perplexity_s": own.seconds,
         "perplexity_context_tokens": float(method.context), "perplexity_stride_tokens": float(method.stride),
         "reference_perplexity": reference.perplexity.perplexity,
-        "perplexity_delta": quality.perplexity - reference.perplexity.perplexity,
-        "perplexity_ratio": quality.perplexity / reference.perplexity.perplexity,
+        "perplexity_delta": own.perplexity - reference.perplexity.perplexity,
+        "perplexity_ratio": own.perplexity / reference.perplexity.perplexity,
         "num_parameters": float(reference.num_parameters),
         "quantized_weight_fraction": quantized / reference.num_parameters,
         "weights_bytes_nominal": float(nominal),
@@ -150,11 +142,11 @@ def run_quantization(config: TrialConfig, runtime: Runtime) -> TrialResult:
     tags = {"reference_precision": reference.precision, "reference_source": source,
             "compute_dtype": str(dtype).removeprefix("torch."),
             "quantizer": QUANTIZERS.get(stack.precision, "none"),
-            "perplexity_method": method.describe(), "perplexity_corpus_hash": quality.corpus_hash,
+            "perplexity_method": method.describe(), "perplexity_corpus_hash": own.corpus_hash,
             "user_code": prepared.code,
             **WORKER.load_notes.get((config.entry(), stack.precision, config.device), {})}
     result = finish(config, runtime, loaded, measured, metrics=metrics, tags=tags)
     result.metrics["bits_per_parameter"] = 8 * result.metrics["weights_bytes"] / reference.num_parameters
-    result.raw["perplexity"] = {"method": method.describe(), "nll_sum": quality.nll_sum,
-                                "tokens": quality.tokens, "reference_nll_sum": reference.perplexity.nll_sum}
+    result.raw["perplexity"] = {"method": method.describe(), "nll_sum": own.nll_sum,
+                                "tokens": own.tokens, "reference_nll_sum": reference.perplexity.nll_sum}
     return result

@@ -28,11 +28,12 @@ from trials.config import Runtime, Stack, TrialConfig
 from trials import engines
 from trials.loop import Measured, TrialResult, compare_outputs, finish, measure, trial_prompts
 from trials.measurement.hardware import fast_precision
+from trials.measurement import quality
 from trials.models import loading
 from trials.models.registry import reference_precision
 from trials.prompts import Prompt
 from trials.stats.factorial import FACTOR_TAG, stack_factors
-from trials.techniques.kv_cache.runner import Reference, check_model, quality_metrics, teacher_forced
+from trials.techniques.kv_cache.space import check_model
 from trials.worker import WORKER
 
 REFERENCE_MAX_AGE_S = 30 * 60
@@ -75,17 +76,18 @@ def baseline(config: TrialConfig, prompts: list[Prompt], own: Baseline | None) -
     return memo.get(plain.config_hash, config.config_hash, make)
 
 
-def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[Reference, str]:
+def reference(config: TrialConfig, prompts: list[Prompt]) -> tuple[quality.Reference, str]:
     """The reference precision's greedy outputs and teacher-forced predictions (full cache)."""
     plain = _variant(config, Stack(precision=reference_precision(config.entry(), config.device)))
-    memo = WORKER.memo("stacks.reference", max_age_s=REFERENCE_MAX_AGE_S)
 
-    def make() -> Reference:
+    def make() -> quality.Reference:
         loaded = loading.load(plain.entry(), plain.stack.precision, plain.device)
         measured = measure(plain, loaded, prompts, generate_kwargs={}, repeats=1)
-        return Reference(measured.outputs(), *teacher_forced(loaded, plain.stack, prompts, plain))
+        return quality.Reference(plain.stack.precision, measured.outputs(),
+                                 *engines.backend(plain.stack).teacher_forced(plain, loaded, prompts, plain.stack))
 
-    return memo.get(plain.config_hash, config.config_hash, make)
+    return quality.reference("stacks.reference", plain.config_hash, config.config_hash, make,
+                             max_age_s=REFERENCE_MAX_AGE_S)
 
 
 def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
@@ -103,9 +105,9 @@ def run_stack(config: TrialConfig, runtime: Runtime) -> TrialResult:
     metrics = compare_outputs(measured.outputs(), ref.outputs)
     quantized = stack.kv_bits != 16 or stack.precision != reference_precision(config.entry(), config.device)
     if quantized:
-        logprobs, targets = teacher_forced(loaded, stack, prompts, config)
-        quality = quality_metrics(ref.logprobs, logprobs, targets)
-        metrics.update({k: quality[k] for k in ("kl_divergence", "kl_divergence_max", "teacher_forced_top1_match",
+        logprobs, targets = engines.backend(stack).teacher_forced(config, loaded, prompts, stack)
+        scores = quality.teacher_forced_metrics(ref.logprobs, logprobs, targets)
+        metrics.update({k: scores[k] for k in ("kl_divergence", "kl_divergence_max", "teacher_forced_top1_match",
                                                 "teacher_forced_tokens", "perplexity", "reference_perplexity",
                                                 "perplexity_ratio", "perplexity_delta")})
     metrics.update(engine_metrics)
