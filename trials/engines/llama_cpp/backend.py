@@ -82,10 +82,10 @@ def cross_check(config: TrialConfig, loaded, measured) -> tuple[dict[str, float]
     records = [r for rep in measured.repeats for r in rep]
     ours = statistics.median(decode_rates(measured.repeats))            # the loop's tok_per_s
     try:
-        tools.tools_dir(build=False)
+        folder = tools.tools_dir(build=False)
         bench = tools.llama_bench(loaded.path, threads(), prompt_tokens=round(statistics.mean(r.prompt_tokens for r in records)),
                                   gen_tokens=config.workload.max_new_tokens, repeats=max(2, config.repeats),
-                                  cache_type=KV_TYPES[config.stack.kv_bits], flash_attn=True)
+                                  cache_type=KV_TYPES[config.stack.kv_bits], flash_attn=True, folder=folder)
     except (ConfigError, tools.ToolError) as exc:
         return {}, {"llama_bench_error": str(exc).splitlines()[0][:300]}
     metrics = {k: float(v) for k, v in bench.items() if k.endswith(("tok_per_s", "tok_per_s_std")) and v is not None}

@@ -304,12 +304,14 @@ def _said(command: list[str], timeout_s: float = 60) -> str:
 
 
 def llama_bench(gguf_path: str | os.PathLike, threads: int, prompt_tokens: int = 128, gen_tokens: int = 32,
-                repeats: int = 3, cache_type: str = "f16", flash_attn: bool = True, timeout_s: float = 600) -> dict:
+                repeats: int = 3, cache_type: str = "f16", flash_attn: bool = True, timeout_s: float = 600,
+                folder: pathlib.Path | None = None) -> dict:
     """``llama-bench`` on one GGUF: prompt processing (``pp<prompt_tokens>``) and generation
     (``tg<gen_tokens>``) tokens per second, mean and standard deviation over ``repeats``, with the
     build, CPU, backends and exact command as ``llama_bench_*`` tags. A cross-check of the binding's
     numbers by llama.cpp's own benchmark. ToolError if it fails or outlives ``timeout_s`` (then its
-    whole process group is killed, as on any exception)."""
+    whole process group is killed, as on any exception). ``folder``: the tools' folder where the caller
+    already checked it (``tools_dir``), else found and checked here."""
     for name, value, least in (("threads", threads, 1), ("prompt_tokens", prompt_tokens, 0),
                                ("gen_tokens", gen_tokens, 0), ("repeats", repeats, 1)):
         if not isinstance(value, int) or value < least:
@@ -318,7 +320,7 @@ def llama_bench(gguf_path: str | os.PathLike, threads: int, prompt_tokens: int =
         raise ConfigError("llama_bench: prompt_tokens and gen_tokens are both 0: nothing to measure")
     if not pathlib.Path(gguf_path).is_file():
         raise ConfigError(f"llama_bench: no GGUF file {gguf_path}")
-    command = [str(tools_dir() / "llama-bench"), "-m", str(gguf_path), "-t", str(threads),
+    command = [str((folder or tools_dir()) / "llama-bench"), "-m", str(gguf_path), "-t", str(threads),
                "-p", str(prompt_tokens), "-n", str(gen_tokens), "-r", str(repeats),
                "-fa", "on" if flash_attn else "off", "-ctk", cache_type, "-ctv", cache_type, "-o", "json"]
     done = run_killable(command, timeout_s)
