@@ -22,11 +22,13 @@ trial count (``first_stage_budget``), and the zoo's trials, fitted once the zoo 
 calibrated, get what the first stage's estimate leaves (``later_stage_budget``). Always in these
 stages, built zoo or not, so the same machine always plans the same configs.
 
-Calibrations are cached per machine (``~/.cache/llm-inference-sweeps/calibration.json``, or
-``$LLM_SWEEPS_CALIBRATION``; keyed by CPU, torch version, threads and the model's identity), so a
-second ``make run`` plans the same configs (same ``config_hash``) and skips finished ones instead of
-measuring again what a slightly different calibration would have chosen. ``--recalibrate``
-measures afresh.
+Calibrations are cached per machine and per purpose (``cache_file``: the main job's
+``~/.cache/llm-inference-sweeps/calibration.json``, or ``$LLM_SWEEPS_CALIBRATION``; a sweep file's
+beside it, so one sweep's calibration never changes another's plan; keyed by CPU, torch version,
+threads and the model's identity), and each sweep keeps the step costs it used in its store
+(``sweeps.record``), which ``calibrate`` prefers (``recorded``): a rerun against a store plans the
+same configs (same ``config_hash``) and skips finished ones instead of measuring again what a
+slightly different calibration would have chosen. ``--recalibrate`` measures afresh.
 
 The estimate is a model, not a measurement: the sweep prints it before it starts and the
 measured time when it ends, so the two can be compared.
@@ -55,11 +57,18 @@ from trials.worker import WORKER
 log = logging.getLogger("sweeps.budget")
 
 CACHE_ENV_VAR = "LLM_SWEEPS_CALIBRATION"   # moves the cache file (tests use a fresh one)
+MAIN_PURPOSE = "main"                      # the main job's calibration (no sweep file)
 
 
-def cache_file() -> Path:
-    return Path(os.environ.get(CACHE_ENV_VAR)
+def cache_file(purpose: str = MAIN_PURPOSE) -> Path:
+    """The calibration cache of one purpose (``sweeps.record.purpose``): the main job's file, or for
+    a sweep file ``calibration.<purpose>.json`` beside it, so that one sweep's calibration (a
+    ``--recalibrate`` of a small sweep of one's own) never changes another's plan."""
+    main = Path(os.environ.get(CACHE_ENV_VAR)
                 or Path.home() / ".cache" / "llm-inference-sweeps" / "calibration.json")
+    return main if purpose == MAIN_PURPOSE else main.with_name(f"{main.stem}.{purpose}{main.suffix or '.json'}")
+
+
 CALIBRATION_FORMAT = 1
 PREFILL_TOKENS = 32
 DECODE_STEPS = 4
@@ -114,25 +123,39 @@ def _key(model: ModelEntry, precision: str, device: str, threads: int) -> str:
     return f"{model.name}|{precision}|{device}|{_model_identity(model)}|{_fingerprint(threads, device)}"
 
 
-def _read_cache() -> dict:
+CACHE_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError)
+
+
+def _load_cache(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    entries = data["entries"] if data.get("format") == CALIBRATION_FORMAT else {}
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        raise TypeError("entries are not a mapping of mappings")
+    return entries
+
+
+def _read_cache(path: Path | None = None) -> dict:
     """The cached step costs; none where there is no cache, and, said in one line, where it is damaged
     (not JSON, or not the shape this module writes): then every model is measured again."""
-    path = cache_file()
+    path = path or cache_file()
     try:
-        data = json.loads(path.read_text())
-        entries = data["entries"] if data.get("format") == CALIBRATION_FORMAT else {}
-        if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
-            raise TypeError("entries are not a mapping of mappings")
-        return entries
+        return _load_cache(path)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+    except CACHE_ERRORS as exc:
         log.warning("calibration cache %s is damaged (%s): measuring again", path, type(exc).__name__)
         return {}
 
 
-def _write_cache(entries: dict) -> None:
-    path = cache_file()
+def _write_cache(measured: dict, path: Path | None = None) -> None:
+    """Add ``measured`` to the cache, over what the file holds now (not what it held when the
+    calibration began: the zoo's calibration beside the first trials writes the same file)."""
+    path = path or cache_file()
+    try:
+        entries = _load_cache(path)
+    except CACHE_ERRORS:
+        entries = {}
+    entries.update(measured)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"format": CALIBRATION_FORMAT, "entries": entries}, indent=1))
@@ -172,29 +195,35 @@ def measure_step_cost(model: ModelEntry, precision: str, device: str) -> StepCos
                     load_s=loaded.load_s, measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
-def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int,
-              recalibrate: bool = False) -> dict[tuple[str, str], StepCost]:
-    """Step costs for every (model, precision), by (model name, precision), from the per-machine
-    cache or measured now.
+def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, recalibrate: bool = False,
+              cache: Path | None = None, recorded: dict | None = None,
+              measure: bool = True) -> dict[tuple[str, str], StepCost]:
+    """Step costs for every (model, precision), by (model name, precision): as ``recorded`` (the
+    store's sweep records, by calibration key: what sized its finished trials), else from the
+    per-machine ``cache`` file (the main job's by default), else measured now and cached
+    (``recalibrate``: measured now, whatever is recorded or cached; ``measure`` False: only what is
+    known, nothing measured, nothing written).
 
     A pair that cannot load here (a missing optional package, a hub model without a network) gets no
     entry: its trials fail at once with that reason, so they cost nothing.
     """
     import torch
 
-    cache = _read_cache()
+    cache = cache or cache_file()
+    known = {} if recalibrate else {**_read_cache(cache), **(recorded or {})}
     costs: dict[tuple[str, str], StepCost] = {}
     todo = []
     for model, precision in sorted(pairs, key=lambda pair: (pair[0].name, pair[1])):
-        entry = None if recalibrate else cache.get(_key(model, precision, device, threads))
+        entry = known.get(_key(model, precision, device, threads))
         try:
             costs[(model.name, precision)] = StepCost(**entry)
         except TypeError:                    # not cached, or an entry of another shape: measured again
             todo.append((model, precision))
-    if not todo:
+    if not todo or not measure:
         return costs
     log.info("calibrating %d model/precision pair(s) on %d thread(s): one prefill and %d decode "
              "steps each", len(todo), threads, DECODE_STEPS)
+    measured: dict[str, dict] = {}
     previous_threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(threads)
@@ -214,13 +243,21 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int,
             finally:
                 WORKER.drop_models()
             costs[(model.name, precision)] = cost
-            cache[_key(model, precision, device, threads)] = asdict(cost)
+            measured[_key(model, precision, device, threads)] = asdict(cost)
             log.info("  [%d/%d] %s %s: %.1f ms per decode step, %.2f ms per prefill token",
                      i, len(todo), model.name, precision, cost.decode_s * 1e3, cost.prefill_token_s * 1e3)
     finally:
         torch.set_num_threads(previous_threads)
-    _write_cache(cache)
+    _write_cache(measured, cache)
     return costs
+
+
+def keyed(pairs: set[tuple[ModelEntry, str]], costs: dict[tuple[str, str], StepCost], device: str,
+          threads: int) -> dict[str, dict]:
+    """The step costs of ``pairs`` by calibration key (model, precision, device, the model's identity,
+    this machine): what a sweep's record keeps, and what ``calibrate(recorded=...)`` reads back."""
+    return {_key(model, precision, device, threads): asdict(costs[(model.name, precision)])
+            for model, precision in pairs if (model.name, precision) in costs}
 
 
 def calibrated_precision(config: TrialConfig) -> str:

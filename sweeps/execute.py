@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import tracking
-from sweeps import budget
+from sweeps import budget, record
 from sweeps.fitting import FIRST_STAGE, budget_seconds, calibrate, fit_stage, stage_estimate
 from sweeps.launch import collect_outcomes, planned_workers, run_tune, start_local_ray, trial_threads
 from sweeps.plan import ensure_models, finished_configs, flat, is_finished, split_stages, zoo_sets_to_build
@@ -44,6 +44,11 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
     now, later = split_stages(trials)
     budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
     sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    sizing = record.read(uri, args, budget_s)       # the step costs this store's earlier sweeps used
+
+    def keep_record() -> None:
+        record.write(uri, sizing, sweep_id, args, device, workers)
+
     zoo_sets = zoo_sets_to_build(flat(later))
     job = None
     reservation_path = None
@@ -52,7 +57,8 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
             start_local_ray(phases)
             reservation_path = str(Path(tempfile.gettempdir()) / f"llm-sweeps-{sweep_id}-cpus.json")
             pairs = budget.pairs_needed(flat(later)) if budget_s is not None else set()
-            job = ZooBeside(zoo_sets, pairs, device, trial_threads(args, device), reservation_path)
+            job = ZooBeside(zoo_sets, pairs, device, trial_threads(args, device), reservation_path,
+                            dict(cache=sizing.file, recorded=sizing.recorded, recalibrate=args.recalibrate))
             log.info("%s, beside the trials whose models need no build", job.what)
             phases.zoo_beside = job.what
             away = cpus.away_from(job.cpus)
@@ -66,7 +72,7 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
             else:
                 phases.zoo_s = time.perf_counter() - phase        # the zoo's build too
             phase = time.perf_counter()
-            costs = calibrate(now if job else trials, args, device) if budget_s is not None else {}
+            costs = calibrate(now if job else trials, args, device, sizing) if budget_s is not None else {}
             phases.calibrate_s = time.perf_counter() - phase
     except ConfigError as exc:
         print(f"python sweeps/full.py: error: {one_line(exc)}", file=sys.stderr)
@@ -74,12 +80,15 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
         return 2
     now, first = fit_stage(now, costs, budget.first_stage_budget(budget_s, len(flat(now)), len(flat(trials))),
                            device, workers, FIRST_STAGE) if budget_s is not None else (now, None)
-    zoo_stage = ZooStage(later, args, uri, device, workers, first, costs, job, phases)
+    zoo_stage = ZooStage(later, args, uri, device, workers, first, costs, job, phases, sizing,
+                         keep_record if job else None)
     first_done = finished_configs(now, args, uri)
     first_pending = run_order([c for c in flat(now) if not is_finished(c, first_done)])
     skipped_first = Counter(c.group for c in flat(now) if is_finished(c, first_done))
     later_now = None if job else zoo_stage()                   # sized at once where nothing trains
     tracking.prepare_store(uri)
+    keep_record()                                    # before any trial: a rerun sizes them the same way
+    record.say_what_is_measured_again(sizing, args)
     log.info("sweep %s: %d trials planned, %d to run now%s, %d already finished (skipped)", sweep_id,
              len(flat(trials)), len(first_pending) + len(later_now or []),
              f", the zoo's {len(flat(later))} once it is built" if job else "",
@@ -114,7 +123,9 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
     print_sharing(sharing, workers)
     if outcomes:
         print_phases(phases, all_configs)
+    print(record.describe(sizing))
     if args.summary_json:
         write_summary_json(args.summary_json, sweep_id=sweep_id, uri=uri, device=device, outcomes=outcomes,
-                           skipped=skipped, elapsed_s=elapsed_s, phases=phases, job=job)
+                           skipped=skipped, elapsed_s=elapsed_s, phases=phases, job=job,
+                           calibration=record.describe(sizing))
     return 1 if zoo_stage.error else 0

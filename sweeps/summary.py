@@ -9,6 +9,7 @@ the store; ``write_summary_json`` the same for ``--summary-json``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from trials.config import TrialConfig
@@ -26,6 +27,22 @@ class Phases:
         self.estimate_s: float | None = None  # the budget's estimate of the trials, both stages
 
 
+MODEL_NOTE = re.compile(r"^(?P<group>[\w-]+): (?P<model>[^\s:,]+): (?P<reason>.+)$")
+
+
+def grouped_notes(notes) -> list[str]:
+    """Planning's notes with one line per reason and the models it applies to: a space says each
+    model's ("stacks: tiny-gqa: refused at plan time: ..."), and a reason that holds for every zoo
+    model would otherwise be printed once per model. Notes about no one model stay as they are."""
+    reasons: dict[str, list[str]] = {}
+    for note in notes:
+        match = MODEL_NOTE.match(note)
+        models = reasons.setdefault(f"{match['group']}: {match['reason']}" if match else note, [])
+        if match and match["model"] not in models:
+            models.append(match["model"])
+    return [f"{reason} — for {', '.join(models)}" if models else reason for reason, models in reasons.items()]
+
+
 def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out=(),
                   why_not_run: str = "interrupted") -> None:
     finished = [o for o in outcomes if o.get("trial_status") == "FINISHED"]
@@ -40,7 +57,7 @@ def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_
         print(f"  {group:<14} finished {f:>3}  failed {x:>3}  skipped {skipped.get(group, 0):>3}")
     for o in failed:
         print(f"  FAILED {o.get('group')} {o.get('model')} {o.get('stack')}: {o.get('error')}")
-    for note in left_out:
+    for note in grouped_notes(left_out):
         print(f"  not planned: {note}")
     planned = len(configs) - sum(skipped.values())
     if len(outcomes) < planned:
@@ -71,8 +88,8 @@ def print_phases(phases: Phases, configs: list[TrialConfig]) -> None:
 
 
 def write_summary_json(path: str, *, sweep_id: str, uri: str, device: str, outcomes: list[dict], skipped,
-                       elapsed_s: float, phases: Phases, job) -> None:
-    """``--summary-json``: the counts, each phase's time and the outcomes, as JSON."""
+                       elapsed_s: float, phases: Phases, job, calibration: str = "") -> None:
+    """``--summary-json``: the counts, each phase's time, the calibration used and the outcomes, as JSON."""
     Path(path).write_text(json.dumps({
         "sweep_id": sweep_id, "tracking_uri": uri, "device": device,
         "finished": sum(o.get("trial_status") == "FINISHED" for o in outcomes),
@@ -81,5 +98,5 @@ def write_summary_json(path: str, *, sweep_id: str, uri: str, device: str, outco
         "zoo_beside": phases.zoo_beside, "zoo_window": job.window() if job else None,
         "zoo_cpus": job.cpus if job else None, "models_s": phases.models_s,
         "calibrate_s": phases.calibrate_s, "estimate_s": phases.estimate_s,
-        "first_finished_s": phases.first_finished_s,
+        "first_finished_s": phases.first_finished_s, "calibration": calibration,
         "ray_start_s": phases.ray_start_s, "tune_s": phases.tune_s, "outcomes": outcomes}, indent=1))

@@ -36,7 +36,9 @@ class Built:
 
 @ray.remote(num_cpus=1, max_retries=0)
 def build_and_calibrate(set_names: list[str], pairs: set, device: str, threads: int, cpus: list[int],
-                        reservation_path: str, what: str) -> Built:
+                        reservation_path: str, what: str, sizing: dict) -> Built:
+    """Train the zoo, then calibrate ``pairs`` as the driver would (``sizing``: ``budget.calibrate``'s
+    cache file, the store's recorded step costs, --recalibrate)."""
     from sweeps import budget
     from trials.models import zoo
 
@@ -48,21 +50,22 @@ def build_and_calibrate(set_names: list[str], pairs: set, device: str, threads: 
         for set_name in set_names:
             zoo.build(set_name, jobs=1)
         built = time.time()
-        costs = budget.calibrate(pairs, device, threads) if pairs else {}
+        costs = budget.calibrate(pairs, device, threads, **sizing) if pairs else {}
     return Built(costs, started, built, time.time(), list(cpus), socket.gethostname(), what)
 
 
 class ZooBeside:
     """The driver's handle on the task: start it, ask whether it is done, the window it ran in."""
 
-    def __init__(self, set_names: list[str], pairs: set, device: str, threads: int, reservation_path: str):
+    def __init__(self, set_names: list[str], pairs: set, device: str, threads: int, reservation_path: str,
+                 sizing: dict | None = None):
         machine = sorted(cores.current())
         self.cpus = machine[-1:]                      # the last core; the trials get the others
         self.what = f"zoo training ({', '.join(set_names)} set) on CPU {cores.describe(self.cpus)}"
         self.path = reservation_path
         self.started = time.time()
         self.ref = build_and_calibrate.remote(set_names, pairs, device, threads, self.cpus, reservation_path,
-                                              self.what)
+                                              self.what, sizing or {})
         self.result: Built | None = None
         self.error: str | None = None
 

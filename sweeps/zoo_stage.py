@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sweeps import budget
 from sweeps.fitting import ZOO_STAGE, budget_seconds, fit_stage
+from sweeps.launch import trial_threads
 from sweeps.plan import finished_configs, flat, is_finished
 from sweeps.spaces import run_order
 from sweeps.summary import Phases
@@ -39,9 +40,12 @@ class ZooStage:
     costs (at once where it was built before; ``poll``), and handed to Tune (``StagedSearcher``) after
     the first stage's."""
 
-    def __init__(self, trials, args, uri: str, device: str, workers: int, first, costs: dict, job, phases: Phases):
+    def __init__(self, trials, args, uri: str, device: str, workers: int, first, costs: dict, job, phases: Phases,
+                 sizing=None, keep_record=None):
         self.trials, self.args, self.uri, self.device, self.workers = trials, args, uri, device, workers
         self.first, self.costs, self.job, self.phases = first, costs, job, phases
+        self.sizing = sizing                                  # sweeps.record.Sizing: gets the zoo's step costs
+        self.keep_record = keep_record                        # called once the zoo's costs are in ``sizing``
         self.planned: list[TrialConfig] = flat(trials)      # sized once the costs are here
         self.pending: list[TrialConfig] | None = None        # what to run, once sized
         self.skipped: Counter = Counter()
@@ -67,6 +71,11 @@ class ZooStage:
                     self.on_ready(0, None)
                 return True
             costs.update(built.costs)
+            if self.sizing is not None:
+                self.sizing.used.update(budget.keyed(budget.pairs_needed(self.planned), built.costs, self.device,
+                                                     trial_threads(self.args, self.device)))
+            if self.keep_record is not None:
+                self.keep_record()
             print(f"The zoo is built and calibrated ({built.built - built.started:.0f} s training, "
                   f"{built.ended - built.built:.0f} s calibration; {self.job.what}); sizing its trials, which "
                   "join the queue in run order (smallest models first):", flush=True)

@@ -163,3 +163,93 @@ def test_the_zoos_trials_join_the_queue_in_run_order_the_moment_they_are_sized()
 
     waiting = StagedSearcher([], lambda: None)
     assert waiting.suggest("0") is None                               # nothing yet: Tune asks again
+
+
+RERUN_SWEEP = """models: [tiny-gqa]
+groups: [baseline]
+profile: {base: quick, prompts_per_type: 1, max_new_tokens: 32, repeats: 3, baseline: {precisions: [fp32]}}
+"""
+
+
+def _main(argv: list[str], capsys) -> tuple[int, str]:
+    """``sweeps/full.py``'s main in this process: (exit code, stdout and stderr)."""
+    from sweeps.full import main
+
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_a_rerun_sizes_its_trials_as_its_store_recorded_whatever_recalibrated_in_between(
+        tiny_zoo, tmp_path, monkeypatch, capsys, caplog):
+    """The main job, another sweep of one's own recalibrating on the same machine, the main job again:
+    nothing is measured again. The main job (a real sweep: Ray, a sqlite store) keeps the step costs
+    it sized with in its store; the other sweep's --recalibrate goes to its own cache file and its dry
+    run creates no store; and even where the main job's own cache is measured again (here: steps 10^4
+    times slower, as a busy machine might measure them; a fresh store shows they size other
+    workloads), the rerun takes the store's record and plans 0 to run, with or without built models."""
+    import argparse
+    import logging
+    import os
+
+    import tracking
+    from conftest import run_sweep
+    from sweeps import record
+    from trials.models import zoo
+
+    cache = tmp_path / "calibration.json"
+    monkeypatch.setenv(budget.CACHE_ENV_VAR, str(cache))
+    (tmp_path / "main.yaml").write_text(RERUN_SWEEP)
+    (tmp_path / "mine.yaml").write_text(RERUN_SWEEP)
+    for folder in ("main", "mine", "fresh"):
+        (tmp_path / folder).mkdir()
+    uri = f"sqlite:///{tmp_path / 'main' / 'mlflow.db'}"
+    main_args = ["--sweep", str(tmp_path / "main.yaml"), "--budget", "1m", "--workers", "1", "--tracking-uri", uri]
+    done = run_sweep(*main_args, env=dict(os.environ), timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "chose the profile as written" in done.stdout, done.stdout
+    main_cache = budget.cache_file(record.purpose(argparse.Namespace(sweep=str(tmp_path / "main.yaml"))))
+    assert "Calibration: 1 step cost(s) measured 20" in done.stdout and f"1 from this machine's {main_cache}" in done.stdout
+    [kept] = tracking.sweep_records(uri)
+    assert kept["budget_s"] == 60 and list(kept["calibration"]) == list(json.loads(main_cache.read_text())["entries"])
+
+    # another sweep of one's own: --budget 6m, its own store, --recalibrate (a dry run: it calibrates all the same)
+    before = main_cache.read_bytes()
+    mine = tmp_path / "mine" / "mlflow.db"
+    code, out = _main(["--sweep", str(tmp_path / "mine.yaml"), "--budget", "6m", "--recalibrate",
+                       "--tracking-uri", f"sqlite:///{mine}", "--dry-run"], capsys)
+    assert code == 0 and "--recalibrate: step costs measured afresh" in out, out
+    assert main_cache.read_bytes() == before and not mine.exists()
+
+    # the main job's own calibration measured again, and slower: on a store without a record it sizes other workloads
+    data = json.loads(before)
+    for entry in data["entries"].values():
+        entry["decode_s"], entry["prefill_token_s"] = entry["decode_s"] * 1e4, entry["prefill_token_s"] * 1e4
+    main_cache.write_text(json.dumps(data))
+    fresh = tmp_path / "fresh" / "mlflow.db"
+    code, out = _main([*main_args[:-1], f"sqlite:///{fresh}", "--dry-run"], capsys)
+    assert code == 0 and "chose level" in out and f"1 from this machine's {main_cache}" in out, out
+    assert not fresh.exists()
+
+    # the main job again: the store's record sizes it; nothing to run, nothing calibrated
+    caplog.set_level(logging.INFO, logger="sweeps.budget")
+    caplog.clear()
+    code, out = _main([*main_args, "--dry-run"], capsys)
+    assert code == 0 and "chose the profile as written" in out and "total: 1 trials, 1 already finished" in out, out
+    assert f"1 as this store's record of sweep {kept['sweep_id']} keeps them" in out, out
+    assert not [r for r in caplog.records if "calibrating" in r.getMessage()]
+    # ... without built models too (the record's key needs only the zoo's recipe)
+    monkeypatch.setenv(zoo.ZOO_ENV_VAR, str(tmp_path / "no-zoo"))
+    code, out = _main([*main_args, "--dry-run"], capsys)
+    assert code == 0 and "total: 1 trials, 1 already finished" in out, out
+    # ... where nothing knows a step cost and the model is not built, the dry run says it cannot size it
+    monkeypatch.setenv(budget.CACHE_ENV_VAR, str(tmp_path / "no-calibration.json"))
+    code, out = _main([*main_args[:-1], f"sqlite:///{fresh}", "--dry-run"], capsys)
+    assert code == 0 and "the plan before --budget shrinks it" in out and "tiny-gqa fp32" in out, out
+    assert not fresh.exists()
+    # another budget, --rerun: each says in one line that it measures again
+    monkeypatch.setenv(budget.CACHE_ENV_VAR, str(cache))
+    code, out = _main([*main_args, "--budget", "5m", "--dry-run"], capsys)
+    assert "budget 5 min, not the 60 s this store's last sweep of this kind" in out, out
+    code, out = _main([*main_args, "--rerun", "--dry-run"], capsys)
+    assert "--rerun: every planned trial is measured again" in out and "total: 1 trials, 0 already finished" in out

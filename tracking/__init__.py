@@ -1,9 +1,10 @@
 """Tracking: every trial as an MLflow run, read back as tables. The only package importing mlflow."""
 
 from tracking.store import (TrackingError, check_reachable, deliver_spooled, experiment_id, finished_hashes, finished_subjects, log_trial, record_machine_sharing,
-                            prepare_store, reachable_uri, read_trial_artifact, resolve_uri, runs_frame)
+                            prepare_store, reachable_uri, read_trial_artifact, record_sweep, resolve_uri, runs_frame,
+                            sweep_records)
 from tracking.live import describe_live, read_live, write_live
 from tracking.table import RunsCache
 
 __all__ = ["describe_live", "read_live", "write_live", "RunsCache", "TrackingError", "check_reachable", "deliver_spooled", "experiment_id", "finished_hashes", "finished_subjects", "log_trial", "prepare_store", "record_machine_sharing",
-           "reachable_uri", "read_trial_artifact", "resolve_uri", "runs_frame"]
+           "reachable_uri", "read_trial_artifact", "record_sweep", "resolve_uri", "runs_frame", "sweep_records"]

@@ -15,7 +15,12 @@ creates its tables in whatever file it is given and ends in a SQLAlchemy traceba
 a folder, a file that is not sqlite or is truncated or damaged, another program's database, a schema
 that is not the pinned mlflow's (a newer MLflow migrated it, which this one cannot read) are each
 one line. A reader (dashboard, export, report, recommend) never creates or changes a store: an empty
-file is refused, not given MLflow's tables.
+file is refused, not given MLflow's tables; a sqlite file that is not there yet holds no runs (a dry
+run reads it without creating it).
+
+Beside the groups, the ``sweeps`` experiment keeps one run per sweep: what sized its trials (its
+budget and the calibration its workloads were fitted with, ``sweep.json``), so that the next sweep
+on the store can size the same trials the same way (``record_sweep``, ``sweep_records``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from trials.redaction import redact
 from trials import groups
 
 TRIAL_ARTIFACT = "trial.json"
+SWEEPS_EXPERIMENT = "sweeps"             # one run per sweep: what sized it (not a chart group)
+SWEEP_ARTIFACT = "sweep.json"
 ARTIFACT_FOLDER = "mlartifacts"          # beside a sqlite store: its experiments' artifacts
 _RETRIES = 5
 # MLflow retries an HTTP request 7 times with exponential backoff (minutes) by default; a worker whose
@@ -255,6 +262,13 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def _not_there(uri: str) -> bool:
+    """A sqlite store with no file yet (or an empty one): it holds nothing, and opening it through
+    MLflow would create its tables, which a reader must not."""
+    path = _sqlite_path(uri)
+    return path is not None and (not path.is_file() or path.stat().st_size == 0)
+
+
 def artifact_root(uri: str) -> str | None:
     """Where experiments keep artifacts: beside a sqlite file; a server decides for itself."""
     path = _sqlite_path(uri)
@@ -267,22 +281,25 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def prepare_store(uri: str) -> dict[str, str]:
-    """Create the schema and every group's experiment (idempotent); returns group -> experiment id."""
+    """Create the schema, every group's experiment and the ``sweeps`` one (idempotent); returns
+    group -> experiment id."""
     check_reachable(uri)
     client = _client(uri)
     root = artifact_root(uri)
     ids = {}
-    for group in groups.NAMES:
+    for group in (*groups.NAMES, SWEEPS_EXPERIMENT):
         experiment = client.get_experiment_by_name(group)
         if experiment is None:
             location = f"{root}/{group}" if root else None
+            chart = {"chart_group": group} if group != SWEEPS_EXPERIMENT else {}
             ids[group] = client.create_experiment(group, artifact_location=location,
-                                                  tags={"chart_group": group, **EXPERIMENT_KIND})
+                                                  tags={**chart, **EXPERIMENT_KIND})
         else:
             ids[group] = experiment.experiment_id
             for key, value in EXPERIMENT_KIND.items():      # stores made before the tag existed
                 if experiment.tags.get(key) != value:
                     client.set_experiment_tag(experiment.experiment_id, key, value)
+    ids.pop(SWEEPS_EXPERIMENT)
     return ids
 
 
@@ -301,7 +318,10 @@ def _experiment_id(client, group: str) -> str:
 
 
 def _finished_runs(uri: str, group: str):
-    """Every FINISHED run of ``group``, oldest first, page by page (none: the group has no experiment)."""
+    """Every FINISHED run of ``group``, oldest first, page by page (none: the group has no experiment,
+    or the store is not there yet)."""
+    if _not_there(uri):
+        return
     client = _client(uri)
     experiment = client.get_experiment_by_name(group)
     if experiment is None:
@@ -460,6 +480,8 @@ def runs_frame(uri: str, group: str, status: str | None = "FINISHED") -> pd.Data
     as plain columns), read now; ``status`` None: every run, with its ``status`` column."""
     from tracking.table import search, to_frame
 
+    if _not_there(uri):
+        return pd.DataFrame()
     client = _client(uri)
     experiment = client.get_experiment_by_name(group)
     if experiment is None:
@@ -486,3 +508,52 @@ def read_trial_artifact(uri: str, run_id: str) -> dict:
         raise TrackingError(f"{TRIAL_ARTIFACT} of run {run_id} is corrupt: a JSON {type(data).__name__}, "
                             "not an object")
     return data
+
+
+def record_sweep(uri: str, record: dict) -> None:
+    """Keep what sized a sweep (``record``: its ``sweep_id`` and ``purpose``, its budget, the step costs
+    its workloads were fitted with) as a run of the ``sweeps`` experiment, so that the next sweep on
+    this store can size the same trials the same way (``sweep_records``). Called again for the same
+    sweep (its zoo's stage sized later), it rewrites that run's record. ``prepare_store`` first."""
+    client = _client(uri)
+    experiment_id = _experiment_id(client, SWEEPS_EXPERIMENT)
+    sweep_id = record["sweep_id"]
+
+    def write() -> None:
+        found = client.search_runs([experiment_id], f"tags.sweep_id = '{sweep_id}'", max_results=1)
+        if found:
+            run_id = found[0].info.run_id
+        else:
+            run_id = client.create_run(experiment_id, run_name=f"sweep {sweep_id}",
+                                       tags={"sweep_id": sweep_id, "purpose": str(record.get("purpose", ""))}).info.run_id
+        client.log_text(run_id, json.dumps(record, indent=1), SWEEP_ARTIFACT)
+        client.set_terminated(run_id, status="FINISHED")
+
+    _with_retry(write)
+
+
+def sweep_records(uri: str) -> list[dict]:
+    """Every sweep's record in the store (``record_sweep``), newest first; none where the store or its
+    ``sweeps`` experiment is not there yet (a store written before sweeps kept records). A record that
+    cannot be read back is left out. Reads only: it never creates or changes a store."""
+    import tempfile
+
+    if _not_there(uri):
+        return []
+    client = _client(uri)
+    experiment = client.get_experiment_by_name(SWEEPS_EXPERIMENT)
+    if experiment is None:
+        return []
+    records = []
+    runs = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
+                              max_results=1000, order_by=["attributes.start_time DESC"])
+    with tempfile.TemporaryDirectory() as folder:
+        for run in runs:
+            try:
+                path = client.download_artifacts(run.info.run_id, SWEEP_ARTIFACT, folder)
+                record = json.loads(Path(path).read_text())
+            except Exception:     # MLflow's own errors, OSError, a record cut short: not this sweep's to fix
+                continue
+            if isinstance(record, dict) and record.get("sweep_id"):
+                records.append(record)
+    return records

@@ -33,11 +33,20 @@ log = logging.getLogger(__name__)
 
 
 def best_draft_k(model: str, draft: str, runs, default: int) -> tuple[int, str]:
-    """(k, why): the k with the highest measured tok/s among the store's speculative runs of this
-    target and draft (latest run per k), else ``default`` (the profile's ``stacks.draft_k``).
-    ``runs(group)``: the store's finished runs of a group as a frame (the driver's reader), or None."""
+    """(k, why): the k this store's finished stacks runs of this target and draft already used (so a
+    rerun plans the same configs and skips them), else the k with the highest measured tok/s among the
+    store's speculative runs of this target and draft (latest run per k), else ``default`` (the
+    profile's ``stacks.draft_k``). ``runs(group)``: the store's finished runs of a group as a frame
+    (the driver's reader), or None."""
+    columns = {"model", "draft_model", "num_draft_tokens"}
+    stacks = runs(NAME) if runs is not None else None
+    if stacks is not None and not stacks.empty and columns | {"start_time"} <= set(stacks):
+        mine = stacks[(stacks["model"] == model) & (stacks["draft_model"] == draft)]
+        if not mine.empty:
+            k = int(mine.sort_values("start_time")["num_draft_tokens"].iloc[-1])
+            return k, "the k this store's stacks runs already used (a new store takes the best measured k)"
     frame = runs("speculative") if runs is not None else None
-    if frame is not None and not frame.empty and {"model", "draft_model", "num_draft_tokens"} <= set(frame):
+    if frame is not None and not frame.empty and columns <= set(frame):
         mine = frame[(frame["model"] == model) & (frame["draft_model"] == draft)]
         if not mine.empty:
             mine = mine.sort_values("start_time").drop_duplicates("num_draft_tokens", keep="last")
