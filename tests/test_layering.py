@@ -25,6 +25,7 @@ TORCH_FREE = ("trials.groups", "trials.stats.theory", "trials.stats.factorial", 
               "trials.models", "trials.models.registry", "trials.measurement.kv_footprint", "trials.errors",
               "trials.engines.transformers.arguments", "trials.stats.serving", "trials.measurement.load",
               "trials.techniques.serving.spec", "dashboard.sections.serving",
+              "trials.engines.server_process", "trials.engines.transformers_serve.spec",
               "dashboard.app", "tracking.store")
 
 

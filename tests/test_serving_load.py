@@ -221,6 +221,17 @@ def test_failures_become_record_errors_and_the_rest_is_kept(server):
     assert timed_out.records[0].error == "timeout after 0.2 s"
 
 
+def test_a_server_that_sends_no_done_is_complete_after_its_finish_reason(server):
+    """A server that closes each stream after a chunk with a ``finish_reason`` and usage, without
+    ``data: [DONE]`` (``ends_with_done=False``): that stream is a whole request; one dropped before
+    its finish_reason is still an error."""
+    run = run_point(server.url, requests_of("short", "drop", "ok"), concurrency=1, ends_with_done=False)
+    short, drop, ok = run.records
+    assert short.ok and short.output_tokens == 4 and short.finish_reason == "length"
+    assert drop.error.startswith("connection dropped") and drop.finish_reason == ""
+    assert ok.ok and ok.finish_reason == "length"
+
+
 def test_a_server_that_dies_mid_point_leaves_the_records_measured_so_far():
     dying = SseServer()
     url = dying.start()

@@ -56,6 +56,9 @@ class Engine:
     serves: bool = False                        # a server process (its backend is a ``ServerBackend``):
     #                                             the serving group measures it, in-process groups do not
     builds_on: tuple[str, ...] = ()             # engines whose folders it uses (llama.cpp's server: its GGUFs)
+    requires: tuple[str, ...] = ()              # other modules it needs beside ``package`` (a server's web stack)
+    install: str = ""                           # how to install what it needs, for the plan's one line
+    start_s: float = 5.0                        # a server's start (loading, first health answer), for the budget
 
     @property
     def kv_backends(self) -> tuple[str, ...]:
@@ -72,8 +75,12 @@ class Engine:
         module, _, function = self.as_code.partition(":")
         return getattr(importlib.import_module(module), function)(stack, reference)
 
+    def missing(self) -> list[str]:
+        """The modules it needs that this environment lacks (``package``, then ``requires``)."""
+        return [name for name in (self.package, *self.requires) if importlib.util.find_spec(name) is None]
+
     def installed(self) -> bool:
-        return importlib.util.find_spec(self.package) is not None
+        return not self.missing()
 
     def base(self, device: str) -> str:
         """Its 16-bit base precision on ``device``: the first of ``sixteen_bit`` that runs natively
@@ -133,16 +140,23 @@ class Backend(Protocol):
 class ServerBackend(Protocol):
     """What the serving group asks of a server engine in a worker (``Engine.serves``).
 
-    ``load(config)`` -> what the server runs (its files) and the workload's prompts as the requests
-    send them. ``serve(config, loaded, threads)`` -> a context manager: the server started on
+    ``load(config)`` -> what the server runs (its files) and the workload's prompts: ``prompts`` (in
+    the workload's order) and ``request_prompts`` (prompt id -> what a request sends as its ``prompt``:
+    token ids or text). ``request_body(loaded)`` -> what every request adds to an OpenAI completion
+    (greedy, exactly ``max_tokens``). ``STREAM_ENDS_WITH_DONE``: whether its streams end with
+    ``data: [DONE]``. ``serve(config, loaded, threads)`` -> a context manager: the server started on
     127.0.0.1 on a free port, healthy, yielding a handle with ``url``, ``command`` and ``pid``; stopped, with
-    its process group, and checked gone on the way out, whatever happened inside.
-    ``parity(config, loaded, handle)`` -> metrics: the server's greedy tokens against the same
-    engine's in-process ones. ``server_metrics(handle)`` -> the server's own counters.
-    ``trial_facts(config, loaded, handle)`` -> (metrics, tags): its files, build and command line.
+    its process group, and checked gone on the way out, whatever happened inside
+    (``trials.engines.server_process``). ``parity(config, loaded, handle)`` -> metrics: the server's
+    greedy tokens against the in-process ones of the engine it builds on. ``server_metrics(handle)`` ->
+    the server's own counters. ``trial_facts(config, loaded, handle)`` -> (metrics, tags): its files,
+    build and command line.
     """
 
+    STREAM_ENDS_WITH_DONE: bool
+
     def load(self, config): ...
+    def request_body(self, loaded): ...
     def serve(self, config, loaded, threads): ...
     def parity(self, config, loaded, handle): ...
     def server_metrics(self, handle): ...

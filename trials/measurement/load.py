@@ -10,9 +10,10 @@ What is recorded, per request, on the client's clock (``time.perf_counter`` seco
 start): when it was scheduled, sent, each streamed chunk that carried tokens, done, and any error.
 ``sent_s - scheduled_s`` is the client's own lag: a client too busy to send on time understates the
 offered load, so the lag and the client's CPU time are recorded beside the latencies. Failures
-(HTTP errors, refused or dropped connections, timeouts, a stream without ``[DONE]``) become the
-record's ``error``; ``drive`` itself never raises for them, so a point whose server dies keeps what
-it measured. asyncio and aiohttp in one thread; torch-free.
+(HTTP errors, refused or dropped connections, timeouts, a stream without ``[DONE]``, or, for a server
+that sends no ``[DONE]`` (``ends_with_done=False``), one that ends before a chunk with a
+``finish_reason``) become the record's ``error``; ``drive`` itself never raises for them, so a point
+whose server dies keeps what it measured. asyncio and aiohttp in one thread; torch-free.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class RequestRecord:
     output_tokens: int = 0      # usage.completion_tokens when the server reports it, else sum(chunk_tokens)
     prompt_tokens: int = 0      # usage.prompt_tokens, 0 when not reported
     error: str = ""             # "" when ok; one line
+    finish_reason: str = ""     # the last choice's ``finish_reason`` ("length", "stop"), "" until one came
     server_timings: dict = field(default_factory=dict)      # llama-server's non-standard ``timings``
 
     @property
@@ -174,10 +176,15 @@ def take_chunk(record: RequestRecord, chunk: dict, now: float) -> None:
         record.prompt_tokens = usage["prompt_tokens"]
     if isinstance(chunk.get("timings"), dict):
         record.server_timings = chunk["timings"]
+    if choice.get("finish_reason"):
+        record.finish_reason = str(choice["finish_reason"])
 
 
-async def read_stream(response: aiohttp.ClientResponse, record: RequestRecord, t0: float) -> None:
-    """Parse the SSE body (``data: {...}`` lines up to ``data: [DONE]``), stamping each chunk."""
+async def read_stream(response: aiohttp.ClientResponse, record: RequestRecord, t0: float,
+                      ends_with_done: bool = True) -> None:
+    """Parse the SSE body (``data: {...}`` lines up to ``data: [DONE]``), stamping each chunk. A
+    server that sends no ``[DONE]`` (``ends_with_done=False``) is done when its stream closes after
+    a chunk that carried a ``finish_reason``."""
     async for raw in response.content:
         now = time.perf_counter() - t0
         line = raw.decode("utf-8", "replace").strip()
@@ -189,15 +196,20 @@ async def read_stream(response: aiohttp.ClientResponse, record: RequestRecord, t
         if data == "[DONE]":
             return
         take_chunk(record, json.loads(data), now)
-    raise StreamError("stream ended before [DONE]")
+    if ends_with_done:
+        raise StreamError("stream ended before [DONE]")
+    if not record.finish_reason:
+        raise StreamError("stream ended before a chunk with a finish_reason")
 
 
 class Client:
     """The shared state of one point: session, clock origin, request body, and whether the server
     has gone (a refused connection: the requests not yet sent are then recorded as not sent)."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, timeout_s: float, body: dict | None):
+    def __init__(self, session: aiohttp.ClientSession, url: str, timeout_s: float, body: dict | None,
+                 ends_with_done: bool = True):
         self.session, self.url, self.timeout_s, self.body = session, url, timeout_s, body or {}
+        self.ends_with_done = ends_with_done
         self.t0 = time.perf_counter()
         self.gone = ""
         self.first_sent: float | None = None
@@ -225,7 +237,7 @@ class Client:
                     if response.status != 200:
                         text = await response.text(errors="replace")
                         raise StreamError(one_line(f"HTTP {response.status}: {text}"))
-                    await read_stream(response, record, self.t0)
+                    await read_stream(response, record, self.t0, self.ends_with_done)
         except StreamError as exc:
             record.error = str(exc)
         except Exception as exc:                # one request's failure is a measurement, not a crash
@@ -265,9 +277,11 @@ async def closed_loop(client: Client, requests: list[Request], concurrency: int)
 
 
 async def drive(url: str, requests: list[Request], *, arrivals: list[float] | None = None,
-                concurrency: int | None = None, timeout_s: float = 300, body: dict | None = None) -> PointRun:
+                concurrency: int | None = None, timeout_s: float = 300, body: dict | None = None,
+                ends_with_done: bool = True) -> PointRun:
     """Run one load point against ``{url}/v1/completions`` (streaming, greedy, usage included;
-    ``body`` adds or overrides fields, e.g. ``{"ignore_eos": True, "cache_prompt": False}``).
+    ``body`` adds or overrides fields, e.g. ``{"ignore_eos": True, "cache_prompt": False}``;
+    ``ends_with_done``: whether the server closes each stream with ``data: [DONE]``).
     Exactly one of ``arrivals`` (open loop: one offset per request, seconds from the point's start)
     or ``concurrency`` (closed loop). Records come back in the order of ``requests``."""
     if (arrivals is None) == (concurrency is None):
@@ -282,7 +296,7 @@ async def drive(url: str, requests: list[Request], *, arrivals: list[float] | No
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     cpu0 = time.process_time()
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        client = Client(session, url.rstrip("/"), timeout_s, body)
+        client = Client(session, url.rstrip("/"), timeout_s, body, ends_with_done)
         if arrivals is not None:
             records = await open_loop(client, requests, arrivals)
         else:
@@ -295,7 +309,8 @@ async def drive(url: str, requests: list[Request], *, arrivals: list[float] | No
 
 
 def run_point(url: str, requests: list[Request], *, arrivals: list[float] | None = None,
-              concurrency: int | None = None, timeout_s: float = 300, body: dict | None = None) -> PointRun:
+              concurrency: int | None = None, timeout_s: float = 300, body: dict | None = None,
+              ends_with_done: bool = True) -> PointRun:
     """``drive`` from synchronous code (its own event loop)."""
     return asyncio.run(drive(url, requests, arrivals=arrivals, concurrency=concurrency,
-                             timeout_s=timeout_s, body=body))
+                             timeout_s=timeout_s, body=body, ends_with_done=ends_with_done))

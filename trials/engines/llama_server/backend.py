@@ -13,36 +13,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import pathlib
 import shlex
-import signal
-import socket
-import subprocess
-import tempfile
-import time
-import urllib.error
 import urllib.request
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from trials.config import TrialConfig
 from trials.engines.llama_cpp import generation, gguf, tools
 from trials.engines.llama_cpp.spec import KV_TYPES, model_refusal
 from trials.engines.llama_server.spec import NAME
+from trials.engines.server_process import (HEALTH_TIMEOUT_S, HOST, Running, ServerError,  # noqa: F401  (the interface)
+                                           http_get, serve_process)
 from trials.errors import ConfigError
 from trials.loop import trial_prompts
 from trials.measurement.instruments import TokenTimer
 from trials.models import loading
 from trials.models.registry import model_config, reference_precision
 
-HOST = "127.0.0.1"
-HEALTH_TIMEOUT_S = 180            # loading a GGUF and warming up; a server slower than this is broken
-STOP_TIMEOUT_S = 10               # SIGTERM, then SIGKILL of the process group
-LOG_LINES = 4                     # the server's last log lines in an error
-
-
-class ServerError(RuntimeError):
-    """The server did not start, died or would not stop: one line, with its last log lines."""
+STREAM_ENDS_WITH_DONE = True     # its streams end with ``data: [DONE]``
 
 
 @dataclass
@@ -58,20 +46,10 @@ class Served:
     n_ctx: int                    # the server's whole context: per_slot x slots
     tokenizer: object
 
-
-@dataclass
-class Running:
-    url: str
-    command: list[str]
-    process: subprocess.Popen
-    log_path: pathlib.Path
-    started_s: float              # from launch to healthy
-    threads: int
-    notes: dict = field(default_factory=dict)
-
     @property
-    def pid(self) -> int:
-        return self.process.pid
+    def request_prompts(self) -> dict[str, list[int]]:
+        """What each request sends as its ``prompt``: the token ids."""
+        return self.prompt_ids
 
 
 def load(config: TrialConfig) -> Served:
@@ -117,95 +95,15 @@ def request_body(served: Served) -> dict:
             "logit_bias": [[i, False] for i in served.eos_ids]}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
-
-
-def port_taken(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((HOST, port))
-        except OSError:
-            return True
-    return False
-
-
-def _tail(log_path: pathlib.Path) -> str:
-    try:
-        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "no log"
-    return " | ".join(lines[-LOG_LINES:])[-600:] or "no output"
-
-
-def _get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.status, response.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-
-
-def wait_healthy(process: subprocess.Popen, url: str, log_path: pathlib.Path,
-                 timeout_s: float = HEALTH_TIMEOUT_S) -> None:
-    """Until ``/health`` answers 200, or raise ``ServerError`` with the server's last log lines: it
-    exited, or it never became healthy within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServerError(f"llama-server exited with code {process.returncode} before it was healthy: {_tail(log_path)}")
-        with contextlib.suppress(OSError):
-            if _get(f"{url}/health", timeout_s=2)[0] == 200:
-                return
-        time.sleep(0.1)
-    raise ServerError(f"llama-server was not healthy within {timeout_s:g} s: {_tail(log_path)}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after ``STOP_TIMEOUT_S``, then check that no
-    process of the group is left (``ServerError`` if one is)."""
-    for sent in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sent)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=STOP_TIMEOUT_S)
-            break
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=STOP_TIMEOUT_S)
-    try:
-        os.killpg(process.pid, 0)
-    except ProcessLookupError:
-        return
-    raise ServerError(f"llama-server (process group {process.pid}) is still running after SIGKILL")
-
-
-@contextlib.contextmanager
 def serve(config: TrialConfig, served: Served, threads: int, port: int | None = None,
           health_timeout_s: float = HEALTH_TIMEOUT_S):
     """The server for ``config`` on 127.0.0.1 (a free port unless ``port`` is given), healthy; stopped
     and checked gone on the way out, whatever happened inside (Ctrl-C included)."""
-    if port is not None and port_taken(port):
-        raise ServerError(f"port {port} on {HOST} is taken: llama-server cannot bind it")
-    port = port or free_port()
-    url = f"http://{HOST}:{port}"
-    command = [str(tools.server_binary()), "--model", str(served.path), "--host", HOST, "--port", str(port),
-               *server_arguments(config, served, threads)]
-    handle, log_name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
-    log_path = pathlib.Path(log_name)
-    began = time.perf_counter()
-    with os.fdopen(handle, "w") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    try:
-        wait_healthy(process, url, log_path, health_timeout_s)
-        yield Running(url, command, process, log_path, time.perf_counter() - began, threads)
-    finally:
-        try:
-            stop(process)
-        finally:
-            log_path.unlink(missing_ok=True)
+    def command(port_: int) -> list[str]:
+        return [str(tools.server_binary()), "--model", str(served.path), "--host", HOST, "--port", str(port_),
+                *server_arguments(config, served, threads)]
+
+    return serve_process("llama-server", command, threads, port, health_timeout_s)
 
 
 def completion_tokens(running: Running, ids: list[int], new_tokens: int, served: Served) -> list[int]:
@@ -241,7 +139,7 @@ def parity(config: TrialConfig, served: Served, running: Running) -> dict[str, f
 
 def server_metrics(running: Running) -> dict[str, float]:
     """llama-server's Prometheus counters (``/metrics``), as ``server_<name>``."""
-    status, text = _get(f"{running.url}/metrics")
+    status, text = http_get(f"{running.url}/metrics")
     if status != 200:
         return {}
     values = {}

@@ -8,7 +8,7 @@ and checked gone after), sends the warm-up requests (excluded), then measures in
 2. each other ``concurrency`` level (closed loop: N requests always in flight);
 3. each of ``rates`` x that capacity (open loop: seeded Poisson arrivals, sent on schedule whether
    or not earlier requests finished, so queueing shows up in TTFT as it does for real users);
-4. parity: the server's greedy tokens against the in-process engine's on the same GGUF.
+4. parity: the server's greedy tokens against the in-process engine's on the same weights.
 
 Per point: latency percentiles with bootstrap intervals, goodput under the trial's SLO, the client's
 own CPU time (``trials.stats.serving.summarize``). The trial logs them as ``c<N>_<metric>``
@@ -43,21 +43,22 @@ class LoadFailed(RuntimeError):
 def _requests(served, count: int, new_tokens: int, offset: int = 0) -> list[Request]:
     """``count`` requests cycling through the workload's prompts (the same order for every stack)."""
     ids = [served.prompts[(offset + i) % len(served.prompts)].id for i in range(count)]
-    return [Request(prompt_id, served.prompt_ids[prompt_id], new_tokens) for prompt_id in ids]
+    return [Request(prompt_id, served.request_prompts[prompt_id], new_tokens) for prompt_id in ids]
 
 
 class Ladder:
     """The points of one trial, measured in order; what failed and what was kept."""
 
-    def __init__(self, config: TrialConfig, served, url: str, body: dict):
+    def __init__(self, config: TrialConfig, served, url: str, body: dict, ends_with_done: bool = True):
         self.config, self.served, self.url, self.body = config, served, url, body
+        self.ends_with_done = ends_with_done
         self.slo = Slo(config.load.ttft_slo_s, config.load.tpot_slo_s)
         self.points: list[tuple[str, dict, PointRun]] = []       # (prefix, summary, run)
 
     def point(self, prefix: str, *, arrivals=None, concurrency=None, count: int, offset: int = 0) -> dict:
         requests = _requests(self.served, count, self.config.workload.max_new_tokens, offset)
         run = run_point(self.url, requests, arrivals=arrivals, concurrency=concurrency,
-                        timeout_s=POINT_TIMEOUT_S, body=self.body)
+                        timeout_s=POINT_TIMEOUT_S, body=self.body, ends_with_done=self.ends_with_done)
         summary = summarize(run, self.slo)
         self.points.append((prefix, summary, run))
         failed = [r.error for r in run.records if r.error]
@@ -72,7 +73,7 @@ class Ladder:
         load = self.config.load
         if load.warmup:
             run_point(self.url, _requests(self.served, load.warmup, self.config.workload.max_new_tokens),
-                      concurrency=1, timeout_s=POINT_TIMEOUT_S, body=self.body)
+                      concurrency=1, timeout_s=POINT_TIMEOUT_S, body=self.body, ends_with_done=self.ends_with_done)
         single = self.point("c1_", concurrency=1, count=load.requests)["achieved_rps"]
         for level in (c for c in load.concurrency if c != 1):
             self.point(f"c{level}_", concurrency=level, count=load.requests)
@@ -134,7 +135,7 @@ def run_serving_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     began = time.perf_counter()
     try:
         with backend.serve(config, served, threads) as running, ProcessMemory(running.pid) as memory:
-            ladder = Ladder(config, served, running.url, backend.request_body(served))
+            ladder = Ladder(config, served, running.url, backend.request_body(served), backend.STREAM_ENDS_WITH_DONE)
             tags["server_command"] = " ".join(running.command)
             before = backend.server_metrics(running)
             metrics["single_stream_rps"] = ladder.run()

@@ -52,13 +52,29 @@ def load_of(settings: dict) -> Load:
                 ttft_slo_s=settings["ttft_slo_ms"] / 1000, tpot_slo_s=settings["tpot_slo_ms"] / 1000)
 
 
+def say_missing(chosen, device: str, said: set[str]) -> None:
+    """One line per chosen server engine that cannot run here: not installed (what it lacks and how to
+    install it) or not measured on this device."""
+    for engine in chosen:
+        if engine.name in said:
+            continue
+        said.add(engine.name)
+        if device not in engine.devices:
+            log.info("serving: the %s engine is not measured on %s (only %s)", engine.name, device,
+                     ", ".join(engine.devices))
+        elif engine.missing():
+            log.info("serving: the %s engine is left out: missing %s%s", engine.name, ", ".join(engine.missing()),
+                     f" (install: {engine.install})" if engine.install else "")
+
+
 def plan(models: list[str], profile, device: str, catalogue: Catalogue = BUILT_IN) -> list[TrialConfig]:
-    configs = []
+    configs, said = [], set()
     for entry in planning.targets(models, catalogue):
         settings = profile.settings(NAME, entry, device)
         if settings.get("real_models_only") and entry.source == "zoo":
             continue
         chosen = [engine_registry.get(n) for n in settings.get("servers") or engine_registry.servers()]
+        say_missing(chosen, device, said)
         here = [e for e in chosen if e.serves and device in e.devices and e.installed()]
         if not here:
             log.info("serving: %s left out on %s: no server engine runs there (installed: %s)", entry.name, device,

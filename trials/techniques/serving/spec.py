@@ -7,11 +7,11 @@ other trial's work is mistaken for the server's queueing.
 
 from __future__ import annotations
 
+from trials import engines
 from trials.techniques.spec import ProfileKey, Technique
 
 NAME = "serving"
 MIN_NEW_TOKENS = 32        # a realistic output length: shorter, and TTFT alone decides every SLO
-SERVER_START_S = 5.0       # loading the GGUF, warming up, the first health answer
 
 
 def guard(stack) -> str | None:
@@ -21,7 +21,7 @@ def guard(stack) -> str | None:
 
 
 def cost(config, estimate) -> float:
-    """The server's start, the warm-up and single-stream point (one request at a time), each
+    """The server's start (its engine's ``start_s``), the warm-up and single-stream point (one request at a time), each
     concurrency level (at least as long as its requests one at a time divided by the slots), each
     Poisson point (its requests' arrival span, or the single-stream time past capacity), and parity
     (each prompt once through the server and once in-process)."""
@@ -31,7 +31,7 @@ def cost(config, estimate) -> float:
     levels = sum(load.requests * request_s / min(c, slots) for c in load.concurrency if c != 1)
     rates = sum(load.requests * request_s / min(m, slots) for m in load.rates)
     parity = 2 * estimate.prompts * request_s
-    return SERVER_START_S + single + levels + rates + parity
+    return engines.get(config.stack.engine).start_s + single + levels + rates + parity
 
 
 def shrink(config, workload, prompts_divisor: int):
@@ -48,8 +48,8 @@ SPEC = Technique(
     runner="trials.techniques.serving.runner:run_serving_trial",
     space="trials.techniques.serving.space:plan",
     section="dashboard.sections.serving",
-    reference="the same GGUF in-process (the llama.cpp engine, batch 1) for token parity; the stack's own "
-              "single-stream capacity (measured first in the trial) sizes its rate ladder",
+    reference="the same weights in-process (the engine the server builds on, batch 1) for token parity; the "
+              "stack's own single-stream capacity (measured first in the trial) sizes its rate ladder",
     profile_keys={"weights": ProfileKey("weight", many=True, optional=True),
                   "caches": ProfileKey("cache", many=True, optional=True),
                   "parallel": ProfileKey("int", many=True, low=1, high=64),
