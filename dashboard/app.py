@@ -20,7 +20,7 @@ import socket
 import sys
 import threading
 from datetime import datetime
-from html import escape
+from html import escape, unescape
 from urllib.parse import urlsplit
 
 import dash
@@ -28,9 +28,11 @@ from dash import Input, Output, State, dcc, html
 
 import tracking
 from dashboard import compare
+from dashboard.reader import deep_dive as draw_deep_dive
 from dashboard.reader import failed_runs, open_store, section_frame, shown, unmeasured_note
 from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaults
-from dashboard.sections.common import RUN_ID_FIELD, emulation_note, mark_emulated, real_model_note
+from dashboard.sections.common import RUN_ID_FIELD, TextBeside, emulation_note, mark_emulated, real_model_note
+from dashboard.sections.readable import readable
 from trials import groups
 from trials.errors import one_line_errors
 from trials.redaction import one_line, redact
@@ -116,15 +118,30 @@ def render_section(section, runs: tracking.RunsCache) -> html.Section:
 
 
 def _graphs(charts) -> list:
-    """Every chart goes through here, so every chart marks its emulated-precision points."""
-    return [dcc.Graph(id=cid, figure=mark_emulated(fig), config={"displaylogo": False})
-            for cid, fig in charts]
+    """Every chart goes through here, so every chart marks its emulated-precision points and is made
+    readable (``sections.readable``: log axes where values span over 10x, labels that fit); a section's
+    text beside its charts (``TextBeside``) becomes lines and folds with copy buttons."""
+    return [text_beside(cid, item) if isinstance(item, TextBeside) else
+            dcc.Graph(id=cid, figure=readable(mark_emulated(item)), config={"displaylogo": False})
+            for cid, item in charts]
+
+
+def text_beside(cid: str, text: TextBeside) -> html.Div:
+    """Lines, then each fold as html.Details whose blocks carry a copy button (dcc.Clipboard)."""
+    folds = [html.Details([html.Summary(summary), *[
+        html.Div([html.Div([label, dcc.Clipboard(content=unescape(block), title=f"copy: {label}",
+                                                 style={"display": "inline-block", "marginLeft": "0.5em"})],
+                           style=MUTED),
+                  html.Pre(unescape(block), style={"whiteSpace": "pre-wrap", "margin": "0.2em 0 0.6em",
+                                                   "background": "#f6f8fa", "padding": "0.4em"})])
+        for label, block in blocks]], id=f"{cid}-fold-{i}") for i, (summary, blocks) in enumerate(text.folds)]
+    return html.Div([html.Ul([html.Li(unescape(line)) for line in text.lines], style=MUTED), *folds], id=cid)
 
 
 def deep_dive(section, frame) -> list:
     """A section's per-model charts under a model selector (``{group}-model``), if it has them.
 
-    A section opts in by defining ``deep_dive(frame, model) -> [(id, figure)]`` (and optionally
+    A section opts in by defining ``deep_dive(frame, model) -> [(id, figure or TextBeside)]`` (and optionally
     ``DEEP_DIVE_TITLE`` and ``deep_dive_models(frame)``); the selector re-draws only these charts.
     """
     if not hasattr(section, "deep_dive"):
@@ -160,7 +177,8 @@ def page_graphs(runs: tracking.RunsCache) -> dict[str, dict]:
             continue
         models = deep_dive_choices(section, frame) if hasattr(section, "deep_dive") else []
         defaults = deep_dive_defaults(section)
-        deep = [cid for cid, _ in section.deep_dive(frame, models[0], **defaults)] if models else []
+        deep = [cid for cid, item in draw_deep_dive(section, runs, models[0], defaults)
+                if not isinstance(item, TextBeside)] if models else []
         out[section.GROUP] = {"charts": charts, "deep_dive": deep, "models": list(models)}
     return out
 
@@ -231,7 +249,7 @@ class RenderedSections:
         key = (section.GROUP, model, tuple(sorted(chosen.items())))
         graphs = self._deep_dives.get(key)
         if graphs is None:
-            graphs = _graphs(section.deep_dive(section_frame(section, self.runs), model, **chosen))
+            graphs = _graphs(draw_deep_dive(section, self.runs, model, chosen))
             self._deep_dives[key] = graphs
         return graphs
 

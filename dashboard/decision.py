@@ -2,7 +2,7 @@
 
 One function, ``decide``, and two faces that print what it returns: the ``llm-recommend`` command
 (``dashboard.recommend``) and the best-stack card of the section that declares ``DECIDES = True``
-(the whole-stacks section). It reads that group's runs (the latest finished run per model, stack and device; every stack is ONE combined trial) and
+(the whole-stacks section), both first as one table per model (``dashboard.decision_table``). It reads that group's runs (the latest finished run per model, stack and device; every stack is ONE combined trial) and
 picks, per model, among the stacks within every limit:
 
 * **fastest single-stream**: the highest decode tok/s at batch 1 (what one user waits on);

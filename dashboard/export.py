@@ -21,9 +21,10 @@ from pathlib import Path
 import plotly.offline
 
 import tracking
-from dashboard.reader import failed_runs, open_store, section_frame, unmeasured_note
+from dashboard.reader import deep_dive, failed_runs, open_store, section_frame, unmeasured_note
 from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaults
-from dashboard.sections.common import emulation_note, mark_emulated, real_model_note
+from dashboard.sections.common import TextBeside, emulation_note, mark_emulated, real_model_note
+from dashboard.sections.readable import readable
 from trials.errors import one_line_errors
 from trials.redaction import one_line, redact
 
@@ -38,8 +39,23 @@ section { margin-bottom: 2.5em; }
 
 
 def _figure(fig) -> str:
-    return mark_emulated(fig).to_html(full_html=False, include_plotlyjs=False,
+    if isinstance(fig, TextBeside):
+        return _text_beside(fig)
+    return readable(mark_emulated(fig)).to_html(full_html=False, include_plotlyjs=False,
                                       config={"displaylogo": False, "responsive": True})
+
+
+def _text_beside(text: TextBeside) -> str:
+    """A section's text beside its charts: its lines, then each fold as <details>. Texts from the
+    frame come escaped, the section's own words not: unescaped, then escaped once."""
+    def safe(value: str) -> str:
+        return html.escape(html.unescape(value), quote=False)
+
+    lines = "".join(f"<li>{safe(line)}</li>" for line in text.lines)
+    folds = "".join(f"<details><summary>{safe(summary)}</summary>"
+                    + "".join(f"<p class='muted'>{safe(label)}</p><pre>{safe(block)}</pre>" for label, block in blocks)
+                    + "</details>" for summary, blocks in text.folds)
+    return f"<ul class='muted'>{lines}</ul>{folds}"
 
 
 def _section(section, runs: tracking.RunsCache) -> str:
@@ -68,7 +84,7 @@ def _section(section, runs: tracking.RunsCache) -> str:
         if models:
             parts.append(f"<h3>{html.escape(getattr(section, 'DEEP_DIVE_TITLE', 'Per-model deep dive'))}</h3>")
         for i, model in enumerate(models):
-            figures = "".join(_figure(fig) for _, fig in section.deep_dive(frame, model, **defaults))
+            figures = "".join(_figure(fig) for _, fig in deep_dive(section, runs, model, defaults))
             setting = ", ".join(f"{k} {v}" for k, v in defaults.items())
             parts.append(f"<details{' open' if i == 0 else ''}><summary>{html.escape(str(model))}"
                          f"{html.escape(f' ({setting})' if setting else '')}</summary>{figures}</details>")

@@ -30,6 +30,14 @@ def section_frame(section, runs: tracking.RunsCache):
     return frame[~_unmeasured(frame)]
 
 
+def deep_dive(section, runs: tracking.RunsCache, model: str, chosen: dict) -> list:
+    """A section's deep dive for ``model`` with its controls at ``chosen``: it gets its own frame and,
+    where it declares ``deep_dive_reads``, the frames of those groups too (every run, as shown)."""
+    others = ({"others": {g: shown(runs.frame(g, status=None, latest=True)) for g in section.deep_dive_reads()}}
+              if hasattr(section, "deep_dive_reads") else {})
+    return section.deep_dive(section_frame(section, runs), model, **chosen, **others)
+
+
 def _unmeasured(frame: pd.DataFrame) -> pd.Series:
     """FINISHED runs without a finite ``tok_per_s``: written by another tool, or cut short."""
     finished = frame["status"] == "FINISHED" if "status" in frame.columns else pd.Series(True, index=frame.index)

@@ -2,14 +2,17 @@
 
     llm-recommend                                        # every model of ./mlflow.db, default limits
     llm-recommend --model smollm2-135m-instruct --max-ttft 200ms --max-tpot 50ms --price-per-hour 0.9
+    llm-recommend --details                              # each pick in full: its code, its command
     llm-recommend --objective throughput --json          # machine-readable
 
-Per model: the fastest single-stream stack, the highest-throughput batched stack, the smallest, and
-(with a price) the cheapest per 1M output tokens, each within the quality budget and the latency
-limits, with its 95 % interval, its quality numbers, why the next-best lost, the command that reruns
-the trial and the code for the engine it ran on; the objective's pick comes first, marked
-"recommended". Where nothing passes: the closest stack and the limits it misses. The dashboard's
-best-stack card shows the same decision for the same limits.
+Per model: the fastest single-stream stack, the highest-throughput batched stack, the smallest, (with
+a price) the cheapest per 1M output tokens and (with serving runs) the served stack that sustains the
+most requests/s within --max-ttft/--max-tpot, each within the quality budget and the latency limits.
+By default one table per model (``dashboard.decision_table``): one line per distinct stack with the
+picks it wins, its tok/s and 95 % interval, peak memory, quality, latency and $/1M, then why each
+runner-up lost. --details prints each pick in full with the command that reruns the trial and the
+code for its engine; the objective's pick comes first, marked "recommended". Where nothing passes:
+the closest stack and the limits it misses. The dashboard's best-stack card shows the same table.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import sys
 
 import tracking
 from dashboard import served
+from dashboard.decision_table import glance
+from dashboard.decision_table import render as render_table
 from dashboard.decision import (DEFAULT_LIMITS, OBJECTIVES, ROLES, Decision, Limits, as_dict, decide, facts,
                                 parse_latency, parse_nonnegative, parse_percent, parse_share, reproduce)
 from trials.errors import ConfigError, argument_type, one_line_errors
@@ -61,7 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "cheapest pick (default: the price each run logged, if any)")
     parser.add_argument("--no-quality-limit", action="store_true",
                         help="drop the KL and perplexity limits (every stack counts, harmful ones too)")
-    parser.add_argument("--json", action="store_true", help="print the decisions as JSON")
+    parser.add_argument("--details", action="store_true",
+                        help="each pick in full: every number, the command that reruns it, the code that turns it on")
+    parser.add_argument("--json", action="store_true", help="print the decisions as JSON (with the table as rows)")
     return parser.parse_args(argv)
 
 
@@ -72,8 +79,23 @@ def limits_from(args: argparse.Namespace) -> Limits:
                   price_per_hour_usd=args.price_per_hour)
 
 
+def headline(decision: Decision | None, objective: str) -> str:
+    """The model's first line: its recommendation for the objective, how many stacks, the limits."""
+    if decision is None:
+        return ""
+    pick = decision.pick(objective)
+    if pick is not None:
+        chosen = pick.row["name"]
+    elif objective == "cost" and decision.limits.price_per_hour_usd is None:
+        chosen = "none (no price: give --price-per-hour)"
+    else:
+        chosen = "none (no stack qualifies)"
+    return (f"{decision.model}: recommended for {objective}: {chosen} ({len(decision.rows)} stacks measured; "
+            f"limits: {decision.limits.describe()})")
+
+
 def render(decision: Decision, objective: str) -> str:
-    """One model's decision as text: the objective's pick first."""
+    """One model's decision in full (``--details``): the objective's pick first."""
     lines = [f"{decision.model}: {len(decision.rows)} stacks measured; limits: {decision.limits.describe()}"]
     picks = sorted(decision.picks, key=lambda p: p.role != objective)
     if not any(p.role == objective for p in picks):
@@ -155,13 +177,21 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for m in (args.model or known) if m in decisions or m in picks]
     if args.json:
         print(json.dumps(_clean([{**(as_dict(decisions[m]) if m in decisions else {"model": m}),
-                                  "served": served.as_dict(picks[m], limits) if m in picks else None}
+                                  "served": served.as_dict(picks[m], limits) if m in picks else None,
+                                  "table": glance(decisions.get(m), picks.get(m), limits, args.objective).rows()}
                                  for m in models]), indent=1))
-    else:
+    elif args.details:
         print(f"Store: {redact(uri)} ({group} group{'; served stacks from the serving runs' if picks else ''})\n")
         print("\n\n".join("\n".join(part for part in (render(decisions[m], args.objective) if m in decisions else "",
                                                        served.render(picks[m], limits) if m in picks else "") if part)
                              for m in models))
+    else:
+        print(f"Store: {redact(uri)} ({group} group{'; served stacks from the serving runs' if picks else ''})\n")
+        for m in models:
+            decision, pick = decisions.get(m), picks.get(m)
+            head = headline(decision, args.objective) or f"{m}: served stacks only (limits: {limits.describe()})"
+            print(render_table(glance(decision, pick, limits, args.objective), head) + "\n")
+        print("--details: each pick in full, with the code that turns it on and the command that reruns it")
     return 0
 
 

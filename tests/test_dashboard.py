@@ -336,3 +336,26 @@ def test_error_bars_are_the_logged_95_interval_else_the_spread():
     bars = spread_error_bars(part, "tok_per_s", [10.0, 20.0, 30.0])
     assert bars["array"] == [3.0, 1.0, 0.0] and bars["arrayminus"] == [2.0, 2.0, 0.0]
     assert spread_error_bars(part[["tok_per_s"]], "tok_per_s", [10.0, 20.0, 30.0]) is None
+
+
+def test_axes_turn_logarithmic_past_10x_and_labels_that_collide_go_to_the_hover():
+    """The page's readability pass (``dashboard.sections.readable``), on figures with chosen values;
+    that Chromium draws what it says is checked on every chart of a real store (tests/test_every_chart.py)."""
+    import plotly.graph_objects as go
+
+    from dashboard.sections.readable import magnitude_groups, readable
+
+    wide = readable(go.Figure(go.Scatter(x=[10, 20, 3000], y=[1, 2, 3], mode="markers+text",
+                                         text=["a", "b", "c"]), layout=dict(xaxis_title="tok/s")))
+    assert wide.layout.xaxis.type == "log" and wide.layout.xaxis.title.text == "tok/s (log scale)"
+    assert wide.layout.yaxis.type is None                           # 3x: linear
+    with_zero = readable(go.Figure(go.Scatter(x=[0, 20, 3000], y=[1, 2, 3], mode="markers")))
+    assert with_zero.layout.xaxis.type is None                      # a point at 0: a log axis would drop it
+    bars = readable(go.Figure(go.Bar(x=["a", "b", "c"], y=[0, 1, 500])))
+    assert bars.layout.yaxis.type == "log"                          # a 0 bar draws nothing either way
+    crowded = readable(go.Figure(go.Scatter(x=[1.0, 1.001, 1.002, 2.0], y=[1.0, 1.0, 1.0, 1.5], mode="markers+text",
+                                            text=["first label", "second label", "third label", "apart"])))
+    shown = [t == "%{text}" for t in crowded.data[0].texttemplate]
+    assert shown[0] and shown[3] and not all(shown[:3]) and crowded.data[0].text[1] == "second label"
+    assert magnitude_groups({"smol": 30.0, "gemma": 12.0, "zoo-a": 900.0, "zoo-b": 3500.0}) == \
+        [["gemma", "smol"], ["zoo-a", "zoo-b"]]

@@ -121,13 +121,22 @@ def test_a_price_gives_the_cheapest_stack_and_its_cost(decision_store):
 
 def _shown(cell: str) -> str:
     """A card cell's text as it was before the card wrapped and escaped it."""
-    return html.unescape(cell.replace("<br>", ""))
+    return html.unescape(cell.replace("<br>", " "))
+
+
+def _card_rows(page) -> list[dict]:
+    """The card's table as the rows ``llm-recommend --json`` prints under "table"."""
+    card = page.table("stacks-best")
+    return [dict(zip(card["header"], (_shown(cell) for cell in row))) for row in zip(*card["columns"])]
 
 
 def test_recommend_prints_the_decision_and_the_card_shows_the_same(decision_store, capsys):
-    """One decision, two faces: the command's JSON and the card's table name the same stacks in the
-    same order, for the defaults and for a tight latency limit."""
+    """One decision, two faces: the command's table (in its JSON) and the card's table hold the same
+    rows, one per distinct stack naming every pick it wins, for the defaults and for a tight latency
+    limit with a price; the text fits 25 lines with every pick, and --details gives each in full."""
     from page import Page
+
+    from dashboard.decision_table import SHORT
 
     page = Page(decision_store)
     for argv, boxes in (([], {}), (["--max-ttft", "200ms", "--price-per-hour", "2"],
@@ -135,19 +144,39 @@ def test_recommend_prints_the_decision_and_the_card_shows_the_same(decision_stor
         assert recommend.main(["--tracking-uri", decision_store, "--json", *argv]) == 0
         [printed] = json.loads(capsys.readouterr().out)
         page.select_model("stacks", MODEL, **boxes)
-        card = page.table("stacks-best")
-        role, stack = ([_shown(cell) for cell in column] for column in card["columns"][:2])
-        picks = [(p["title"], p["stack"]) for p in printed["picks"].values()]
-        assert list(zip(role, stack))[:len(picks)] == picks, (argv, card["columns"][:2])
-        assert printed["limits"] in card["title"]
-    assert recommend.main(["--tracking-uri", decision_store, "--max-ttft", "200ms"]) == 0
+        card = _card_rows(page)            # the card leaves out a column empty on every row (no price: no $/1M)
+        assert [{k: " ".join(v.split()) for k, v in row.items()} for row in card] == \
+            [{k: " ".join(row[k].split()) for k in card[0]} for row in printed["table"]]
+        assert ("$/1M tokens" in card[0]) == ("price_per_hour" in boxes)
+        won = [pick for row in printed["table"] for pick in row["pick"].split(", ")]
+        assert sorted(won) == sorted(SHORT[role] for role in printed["picks"])       # each pick once
+        assert len({row["stack"] for row in printed["table"]}) == len(printed["table"])  # each stack once
+        assert printed["limits"] in page.table("stacks-best")["title"]
+        assert "why not the runner-up, fastest: " in page.text("stacks-best-more")
+    argv = ["--tracking-uri", decision_store, "--max-ttft", "200ms", "--price-per-hour", "2"]
+    assert recommend.main(argv) == 0
     text = capsys.readouterr().out
-    assert f"recommended: {ROLES['speed']}: kv8" in text and "turn it on in your code:" in text
-    assert "# the code of kv8" in text and "python -m trials.run --config" in text
+    model_lines = text.split("\n\n")[1].splitlines()
+    assert model_lines[0].startswith(f"{MODEL}: recommended for speed: kv8") and len(model_lines) <= 25, text
+    assert "fastest, smallest, cheapest  kv8" in text and "why the runner-up lost:" in text
+    assert "turn it on in your code" not in text and "--details" in text
+    assert recommend.main([*argv, "--details"]) == 0
+    details = capsys.readouterr().out
+    assert f"recommended: {ROLES['speed']}: kv8" in details and "turn it on in your code:" in details
+    assert "# the code of kv8" in details and "python -m trials.run --config" in details
+    fold = page.element("stacks-best-more-fold-0")          # the card: code and command behind a click
+    assert type(fold).__name__ == "Details" and "python -m trials.run --config" in page.text("stacks-best-more-fold-0")
+    assert sum(type(c).__name__ == "Clipboard" for c in _walk_components(fold)) == 2
+
+
+def _walk_components(component):
+    from page import _walk
+
+    return list(_walk(component))
 
 
 def test_recommend_and_the_card_agree_on_every_model_of_a_sweep_store(stacks_store, capsys):
-    """The stacks design of a real sweep's runs (tiny-gqa, every cell run): same picks both ways."""
+    """The stacks design of a real sweep's runs (tiny-gqa, every cell run): same table both ways."""
     from page import Page
 
     frame = tracking.runs_frame(stacks_store, "stacks")
@@ -158,8 +187,7 @@ def test_recommend_and_the_card_agree_on_every_model_of_a_sweep_store(stacks_sto
     for decision in printed:
         assert decision["picks"], decision          # every model gets a recommendation by default
         page.select_model("stacks", decision["model"])
-        stack = [_shown(cell) for cell in page.table("stacks-best")["columns"][1]]
-        assert stack[:len(decision["picks"])] == [p["stack"] for p in decision["picks"].values()]
+        assert [row["stack"] for row in _card_rows(page)] == [row["stack"] for row in decision["table"]]
 
 
 def test_per_request_latency_has_a_p95_only_over_enough_requests():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html as html_lib
 import json
+import math
 import re
 import shutil
 import urllib.error
@@ -26,7 +27,8 @@ import tracking
 from trials.config import TrialConfig
 from trials.loop import TrialResult
 
-from ui import RENDER_TIMEOUT_S, click_until, figure, select_model, serve, table, text, wait  # noqa: E402
+from dashboard.sections.readable import LOG_SPAN  # noqa: E402
+from ui import RENDER_TIMEOUT_S, click_until, figure, hover_until, select_model, serve, table, text, wait  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
@@ -43,6 +45,46 @@ const axes = Object.keys(L).filter(k => /^[xy]axis\\d*$/.test(k) && L[k].visible
 return JSON.stringify({title: (L.title && L.title.text) || '', axes: axes,
                        tables: gd.data.filter(t => t.type === 'table').length,
                        hovers: gd.data.map(t => t.hovertemplate || '')});
+"""
+
+# Per axis, the values the page plots on it (matched axes pooled): null where the axis cannot be
+# logarithmic (text values, stacked bars, a point at 0 or below); a bar of height 0 draws nothing.
+PLOTTED_JS = """
+const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+const L = gd._fullLayout, found = {};
+const key = (ref) => ref[0] + 'axis' + ref.slice(1);
+const root = (k) => (L[k] && L[k].matches) ? key(L[k].matches) : k;
+const stacked = ['stack', 'relative'].includes(L.barmode);
+for (const t of gd._fullData) {
+  if (!['bar', 'scatter'].includes(t.type) || t.visible !== true) continue;
+  const valueAxis = t.type === 'bar' && t.orientation === 'h' ? 'x' : 'y';
+  for (const letter of ['x', 'y']) {
+    const k = root(key(t[letter + 'axis'])), values = Array.from(t[letter] || []);
+    let nums = values.some(v => typeof v === 'string') ? null
+      : values.filter(v => typeof v === 'number' && isFinite(v));
+    if (t.type === 'bar' && letter === valueAxis) nums = stacked || nums === null ? null : nums.filter(v => v !== 0);
+    found[k] = (nums === null || nums.some(v => v <= 0) || found[k] === null) ? null : (found[k] || []).concat(nums);
+  }
+}
+const out = {};
+for (const k of Object.keys(L).filter(k => /^[xy]axis\\d*$/.test(k) && L[k]._id)) {
+  const v = found[root(k)];
+  out[k] = v && v.length ? {low: Math.min(...v), high: Math.max(...v), type: L[k].type} : null;
+}
+return JSON.stringify(out);
+"""
+
+# Bars the page drew too small to see or point at: a nonzero value whose rectangle is under MIN_BAR_PX.
+MIN_BAR_PX = 2
+THIN_BARS_JS = """
+const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+const thin = [];
+for (const el of gd.querySelectorAll('.barlayer .point')) {
+  const d = el.__data__, r = el.getBoundingClientRect();
+  const small = Math.min(r.width, r.height) < arguments[1];
+  if (d && typeof d.s === 'number' && d.s !== 0 && small) thin.push([d.s, r.width, r.height]);
+}
+return thin;
 """
 
 
@@ -63,6 +105,7 @@ def every_group(quick_sweep, kv_store, stacks_store, engines_store, serving_stor
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     assert _copy_runs(kv_store, uri, "kv_cache") and _copy_runs(stacks_store, uri, "stacks")
     assert _copy_runs(engines_store, uri, "engines") and _copy_runs(serving_store[0], uri, "serving")
+    _inject_a_fast_model(uri)
     base = tracking.runs_frame(uri, "baseline").sort_values("start_time").iloc[-1]
     data = tracking.read_trial_artifact(uri, base["run_id"])
     for sweep, speed in (("injected-1x", float(base["tok_per_s"])), ("injected-2x", 2 * float(base["tok_per_s"]))):
@@ -71,6 +114,27 @@ def every_group(quick_sweep, kv_store, stacks_store, engines_store, serving_stor
                                              "tok_per_s_ci_high": speed * 1.001}, data["tags"], data["raw"]),
                            sweep_id=sweep)
     return uri, speed
+
+
+FAST_MODEL = "tiny-gqa"
+
+
+def _inject_a_fast_model(uri: str) -> None:
+    """The engines runs again as a model tens of times faster whose stacks span more than 10x, with
+    the test's own tok/s (a zoo model beside real ones, as in the main job): the every-model chart
+    must put it in its own panel, and its per-model chart must be logarithmic, whatever the session
+    measured."""
+    frame = tracking.runs_frame(uri, "engines").sort_values("stack")
+    for i, run_id in enumerate(frame["run_id"]):
+        data = tracking.read_trial_artifact(uri, run_id)
+        config = {**data["config"], "model": FAST_MODEL}
+        speed = 400.0 * 2 ** i
+        metrics = {**data["metrics"], "tok_per_s": speed, "tok_per_s_ci_low": 0.99 * speed,
+                   "tok_per_s_ci_high": 1.01 * speed, "log_tok_per_s_mean": math.log(speed)}
+        tags = {k: v for k, v in data["tags"].items()
+                if k not in ("config_hash", "subject_hash", "model", "weights_origin")}
+        tracking.log_trial(uri, TrialResult(TrialConfig.from_dict(config), "FINISHED", metrics, tags, data["raw"]),
+                           sweep_id="injected-fast-model")
 
 
 def _failed_configurations(uri: str, group: str) -> int:
@@ -103,52 +167,88 @@ def _check_chart(driver, graph_id: str, run_ids: set[str]) -> None:
         assert axis["title"].strip(), f"{graph_id}: {axis['name']} has no title"
         if axis["type"] in ("linear", "log"):
             assert UNIT.search(axis["title"]), f"{graph_id}: {axis['name']} {axis['title']!r} names no unit"
+    # values spanning more than 10x: a logarithmic axis; every bar drawn can be seen and pointed at
+    for name, span in json.loads(driver.execute_script(PLOTTED_JS, graph_id)).items():
+        if span and span["high"] > LOG_SPAN * span["low"]:
+            assert span["type"] == "log", \
+                f"{graph_id}: {name} spans {span['low']:g} to {span['high']:g} on a linear axis"
+    thin = driver.execute_script(THIN_BARS_JS, graph_id, MIN_BAR_PX)
+    assert not thin, f"{graph_id}: bars under {MIN_BAR_PX} px (value, width, height): {thin}"
     linked = [t for t, h in zip(drawn["traces"], layout["hovers"]) if PROVENANCE_HOVER in h]
     for trace in linked:
         ids = {row[RUN_ID_FIELD] for row in trace["customdata"]}
         assert ids <= run_ids, f"{graph_id}: points name runs not in the store: {ids - run_ids}"
 
 
-# A drawn point of the first trace whose hover carries the provenance (a roofline or a prediction line
-# has none): its trace's element in its subplot's layer, in plotly's drawing order; of a bar trace, the
-# tallest bar (a measured value may draw a bar 1 px tall, too short to point at).
-PROVENANCE_POINT_JS = """
+# The drawn points of traces whose hover carries the provenance (a roofline or a prediction line has
+# none), easiest to point at first, by what is on screen, never by which values were measured: the
+# largest rectangle (a bar of a small value may be a pixel tall), then, among equal markers, the one
+# farthest from any other drawn point. ``_clickable`` then keeps the first whose hover is a run's (a
+# point on a line of no run may be hovered as that line).
+PROVENANCE_POINTS_JS = """
 const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
-const want = gd._fullData.find(t => (t.hovertemplate || '').includes(arguments[1]) && t.visible === true
-                                    && ['bar', 'scatter'].includes(t.type));
-if (!want) return null;
-const layer = want.type === 'bar' ? '.barlayer' : '.scatterlayer';
-const same = gd._fullData.filter(t => t.type === want.type && t.xaxis === want.xaxis && t.yaxis === want.yaxis
-                                      && t.visible === true);
-const subplot = gd.querySelector('.subplot.' + want.xaxis + (want.yaxis === 'y' ? 'y' : want.yaxis));
-const traces = subplot.querySelectorAll(layer + ' .trace');
-const trace = traces[same.indexOf(want)];
-if (!trace) return null;
-if (want.type !== 'bar') return trace.querySelector('.point');
-let best = null, most = -1;
-for (const el of trace.querySelectorAll('.point path')) {
-  const h = el.getBoundingClientRect().height;
-  if (h > most) { best = el; most = h; }
+if (!gd || !gd._fullData) return [];
+const every = Array.from(gd.querySelectorAll('.barlayer .point, .scatterlayer .point'));
+const center = (el) => { const r = el.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; };
+const all = every.map(center), found = [];
+for (const el of every) {
+  const trace = el.closest('.trace'), data = trace && trace.__data__ && trace.__data__[0] && trace.__data__[0].trace;
+  if (!data || !(data.hovertemplate || '').includes(arguments[1]) || data.visible !== true) continue;
+  const target = data.type === 'bar' ? (el.querySelector('path') || el) : el;
+  const r = target.getBoundingClientRect();
+  if (r.width < 3 || r.height < 3) continue;
+  const [x, y] = center(el);
+  const room = Math.min(...all.filter(([a, b]) => a !== x || b !== y).map(([a, b]) => Math.hypot(a - x, b - y)), 1e6);
+  found.push([Math.round(Math.min(r.width, 40) * Math.min(r.height, 40)), room, target]);
 }
-return best;
+found.sort((a, b) => b[0] - a[0] || b[1] - a[1]);
+return found.slice(0, 12).map(f => f[2]);
 """
+
+# Whether the point the pointer rests on is a run's (its trace's hover carries the provenance).
+HOVERED_RUN_JS = """
+const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+const hovered = gd && gd._hoverdata && gd._hoverdata[0];
+return Boolean(hovered && (gd._fullData[hovered.curveNumber].hovertemplate || '').includes(arguments[1]));
+"""
+
+
+def _clickable(driver, graph_id: str):
+    """A finder for ``click_until``: the first candidate point that Plotly hovers as a run's; None
+    when there is none."""
+    from selenium.common.exceptions import TimeoutException
+
+    from dashboard.sections.common import PROVENANCE_HOVER
+
+    for k in range(len(driver.execute_script(PROVENANCE_POINTS_JS, graph_id, PROVENANCE_HOVER))):
+        def find(d, k=k):
+            found = d.execute_script(PROVENANCE_POINTS_JS, graph_id, PROVENANCE_HOVER)
+            return found[k] if k < len(found) else None
+        driver.execute_script("const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');"
+                              "if (gd) Plotly.Fx.unhover(gd);", graph_id)
+        try:
+            hover_until(driver, find, lambda d: d.execute_script(HOVERED_RUN_JS, graph_id, PROVENANCE_HOVER), timeout=5)
+            return find
+        except TimeoutException:
+            continue
+    return None
 
 
 def _click_first_point(driver, graph_id: str, shift: bool = False) -> str:
     from dashboard.sections.common import PROVENANCE_HOVER
 
     driver.execute_script("window.__opened = []; window.open = (u) => { window.__opened.push(u); return null; };")
-    assert driver.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER) is not None, \
+    assert driver.execute_script(PROVENANCE_POINTS_JS, graph_id, PROVENANCE_HOVER), \
         f"{graph_id}: no point carries its run"
+    find = _clickable(driver, graph_id)
+    assert find is not None, f"{graph_id}: no point a pointer can rest on is hovered as a run's"
     from selenium.common.exceptions import TimeoutException
 
     try:
-        return click_until(
-            driver, lambda d: d.execute_script(PROVENANCE_POINT_JS, graph_id, PROVENANCE_HOVER),
-            lambda d: d.execute_script("return window.__opened.length ? window.__opened[0] : null"), shift=shift)
+        return click_until(driver, find, lambda d: d.execute_script(
+            "return window.__opened.length ? window.__opened[0] : null"), shift=shift)
     except TimeoutException:
-        point = driver.execute_script(POINT_STATE_JS, driver.execute_script(PROVENANCE_POINT_JS, graph_id,
-                                                                           PROVENANCE_HOVER))
+        point = driver.execute_script(POINT_STATE_JS, find(driver))
         pytest.fail(f"{graph_id}: a click on its point opened nothing in {RENDER_TIMEOUT_S} s; the point: {point}")
 
 
@@ -194,7 +294,7 @@ def test_every_chart_of_every_group(every_group, browser, tmp_path):
             from dashboard.sections.common import PROVENANCE_HOVER
 
             first = next(g for g in expected["charts"] + expected["deep_dive"]
-                         if browser.execute_script(PROVENANCE_POINT_JS, g, PROVENANCE_HOVER) is not None)
+                         if browser.execute_script(PROVENANCE_POINTS_JS, g, PROVENANCE_HOVER))
             opened = _click_first_point(browser, first)
             experiment = runs.experiment_id(group)
             assert opened.startswith(f"{MLFLOW_UI}/#/experiments/{experiment}/runs/"), opened
@@ -208,6 +308,11 @@ def test_every_chart_of_every_group(every_group, browser, tmp_path):
                     LAYOUT_JS, expected["deep_dive"][0]) or ""))
                 for graph_id in expected["deep_dive"]:
                     _check_chart(browser, graph_id, run_ids)
+                if group == "engines":     # the injected fast model: a panel of its own, a log axis in its chart
+                    overview = json.loads(browser.execute_script(LAYOUT_JS, expected["charts"][0]))
+                    assert sum(a["name"].startswith("xaxis") for a in overview["axes"]) == 2, overview
+                    mine = json.loads(browser.execute_script(LAYOUT_JS, expected["deep_dive"][0]))
+                    assert other == FAST_MODEL and {a["name"]: a["type"] for a in mine["axes"]}["xaxis"] == "log"
 
             # the deep dive's number boxes (e.g. the stacks' quality budget) redraw it when typed in
             if controls := getattr(section, "DEEP_DIVE_CONTROLS", {}):

@@ -192,12 +192,17 @@ def test_the_section_the_report_and_the_decision_read_the_served_runs(serving_st
 
     slo = ["--max-ttft", "60s", "--max-tpot", "5s"]         # generous: the pick is the stack that kept up best
     expected = _expected_pick(results, Slo(60.0, 5.0))
-    assert recommend.main(["--tracking-uri", uri, *slo, "--no-quality-limit"]) == 0
+    assert recommend.main(["--tracking-uri", uri, *slo, "--no-quality-limit", "--details"]) == 0
     out = capsys.readouterr().out
     if expected is None:
         assert "none within the SLO" in out
     else:
         assert f"most requests/s within the SLO: {expected}" in out and "serve it: llama-server --model" in out
+    assert recommend.main(["--tracking-uri", uri, *slo, "--no-quality-limit"]) == 0
+    table = capsys.readouterr().out                  # by default the served pick is a line of the table
+    served_line = next(line for line in table.splitlines() if line.strip().startswith("served"))
+    assert (expected in served_line and "req/s)" in served_line) if expected else \
+        any(word in served_line for word in ("closest", "none within"))
     assert recommend.main(["--tracking-uri", uri, *slo]) == 0
     assert "quality not measured" in capsys.readouterr().out      # no in-process scores of the GGUF here
     assert recommend.main(["--tracking-uri", uri, "--json", "--no-quality-limit", *slo]) == 0

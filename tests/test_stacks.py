@@ -304,9 +304,9 @@ def test_the_code_a_card_shows_is_the_arguments_the_trial_ran_with(stacks_store)
 def test_the_three_pieces_plot_the_store(stacks_store):
     """What the three pieces say, against the store (that Chromium draws them, and that typing in
     the limit boxes redraws the card: tests/test_every_chart.py)."""
-    from page import Page
+    from page import Page, _walk
 
-    from dashboard.decision import ROLES
+    from dashboard.decision_table import SHORT
 
     frame = tracking.runs_frame(stacks_store, "stacks")
     assert len(frame) == 8
@@ -331,18 +331,25 @@ def test_the_three_pieces_plot_the_store(stacks_store):
     found = {e.term: e.ratio for e in effects(frame)[0] if e.response == "tok_per_s"}
     throughput = next(t for t in forest["traces"] if t["name"] == "effect on tok/s")
     assert dict(zip(throughput["y"], throughput["x"])) == pytest.approx(found)
-    role, stack, measured, why, command, code = ([html.unescape(cell.replace("<br>", "")) for cell in column]
-                                                 for column in card["columns"])
-    assert role[:3] == [ROLES["speed"], ROLES["throughput"], ROLES["memory"]]
+    picks, stack, engine, speed, peak = ([html.unescape(cell.replace("<br>", " ")) for cell in column]
+                                         for column in card["columns"][:5])
+    assert picks[0].startswith(SHORT["speed"]) and all(engine_ == "transformers" for engine_ in engine)
     single = frame[frame["batch_size"] == 1]
     assert stack[0] == single.loc[single["tok_per_s"].idxmax(), "tags.stack_name"]
-    assert stack[1] == "nf4+kv4+b4" and "batch 4" in measured[1] and "4 prompts per generate() call" in code[1]
+    batched = stack.index("nf4+kv4+b4")
+    assert SHORT["throughput"] in picks[batched] and speed[batched].startswith(
+        f"{frame.set_index('tags.stack_name').loc['nf4+kv4+b4', 'tok_per_s']:.1f}")
     smallest = frame[frame["peak_memory_bytes"] == frame["peak_memory_bytes"].min()]   # ties: the faster
-    assert stack[2] == smallest.loc[smallest["tok_per_s"].idxmax(), "tags.stack_name"]
-    assert "tok/s" in why[0] and any(v in why[0] for v in ("overlap", "no interval"))   # the runner-up, and is it noise
-    assert command[0].startswith("python -m trials.run --config ") and "from_pretrained(" in code[0]
-    # the command reruns exactly that trial: its config hashes to the run's
-    rerun = TrialConfig.from_dict(json.loads(command[0].split("--config ", 1)[1].strip("'")))
+    assert SHORT["memory"] in picks[stack.index(smallest.loc[smallest["tok_per_s"].idxmax(), "tags.stack_name"])]
+    below = page.text("stacks-best-more")
+    assert "why not the runner-up, fastest: " in below and any(v in below for v in ("overlap", "no interval"))
+    # behind a click: the code (a batched stack says its batch) and the command that reruns exactly that trial
+    folds = {page.text(f"stacks-best-more-fold-{i}").split(":")[0]: page.element(f"stacks-best-more-fold-{i}")
+             for i in range(len(stack))}
+    assert "4 prompts per generate() call" in str(folds["nf4+kv4+b4"]) and "from_pretrained(" in str(folds[stack[0]])
+    command = next(c.content for c in _walk(folds[stack[0]]) if type(c).__name__ == "Clipboard"
+                   and c.content.startswith("python -m trials.run --config "))
+    rerun = TrialConfig.from_dict(json.loads(command.split("--config ", 1)[1].strip("'")))
     assert rerun.config_hash == single.loc[single["tok_per_s"].idxmax(), "tags.config_hash"]
     assert "8 finished stacks" in caption and "not a sum of separate ones" in caption
     assert "QuantizedCache cannot be cropped" in caption
@@ -354,7 +361,13 @@ def test_speculation_in_a_stack_uses_the_best_k_the_store_measured(quick_sweep):
     draft = frame[(frame["model"] == "tiny-gqa") & (frame["speculation"] == "draft")]
     best = int(draft.loc[draft["tok_per_s"].idxmax(), "num_draft_tokens"])
     configs = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu",
-                           runs=lambda group: tracking.runs_frame(quick_sweep.uri, group))
+                           runs=lambda group: None if group == "stacks" else tracking.runs_frame(quick_sweep.uri, group))
     assert {c.stack.num_draft_tokens for c in configs if c.stack.speculation == "draft"} == {best}
+    # a store whose stacks runs already used a k keeps it, so a rerun plans (and skips) the same trials
+    used = pd.DataFrame({"model": ["tiny-gqa"] * 2, "draft_model": ["tiny-draft"] * 2,
+                         "num_draft_tokens": [best + 1, best + 2], "start_time": [1, 2]})
+    kept = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu",
+                        runs=lambda group: used if group == "stacks" else tracking.runs_frame(quick_sweep.uri, group))
+    assert {c.stack.num_draft_tokens for c in kept if c.stack.speculation == "draft"} == {best + 2}
     without = stacks_space(["tiny-gqa"], PROFILES["quick"], "cpu", runs=None)
     assert {c.stack.num_draft_tokens for c in without if c.stack.speculation == "draft"} == {STACKS["draft_k"]}

@@ -199,6 +199,25 @@ def test_the_main_job_runs_breadth_first(tiny_zoo):
     assert sorted(ordered, key=lambda c: c.config_hash) == sorted(configs, key=lambda c: c.config_hash)
 
 
+def test_the_summary_says_each_reason_not_planned_once_with_its_models(capsys):
+    """What planning leaves out, per model, is one line per reason in the summary, naming the models."""
+    from sweeps.plan import PlanNotes
+    from sweeps.spaces import PROFILES
+    from sweeps.summary import print_summary
+    from trials import groups
+
+    models = ["tiny-gqa", "tiny-mha", "zoo-gqa"]
+    with PlanNotes() as notes:
+        groups.get("stacks").plan(models, PROFILES["quick"], "cpu")
+    capsys.readouterr()
+    refused = [n for n in notes.notes if "refused at plan time" in n]
+    assert len(refused) % len(models) == 0 and refused
+    print_summary([], [], {}, "sqlite:///nowhere.db", 1.0, 0.0, notes.notes)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "not planned: stacks: refused" in line]
+    assert len(lines) == len(refused) // len(models), lines
+    assert all(line.endswith(f"— for {', '.join(models)}") for line in lines)
+
+
 def test_the_heartbeat_says_what_runs_and_how_long_is_left(capsys):
     from sweeps.progress import HEARTBEAT_S, ProgressPrinter
 

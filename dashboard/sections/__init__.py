@@ -8,13 +8,16 @@ name), ``TITLE``, ``BLURB`` (one sentence: the question it answers) and
 charts; None: all, with a ``status`` column), ``deep_dive(frame, model)`` with ``DEEP_DIVE_TITLE`` and
 ``deep_dive_models(frame)`` (per-model charts under a selector), and ``DEEP_DIVE_CONTROLS``
 (``{name: (label, default, step)}``: number boxes beside the selector, passed to ``deep_dive`` by
-name), and ``report(frame) -> [Markdown lines]`` (its table in ``llm-report``, the results page). ``frame`` is ``tracking.runs_frame``
-of the group; an empty list of figures means "nothing to show yet" and the app lays out the empty
-state. ``check_section`` enforces the protocol when the page is built: a missing or mistyped
+name), ``deep_dive_reads() -> [group]`` (other groups whose frames ``deep_dive`` gets as ``others``,
+e.g. the best-stack card's served pick; a deep dive may return ``(id, common.TextBeside)`` beside its
+figures: text, and folds with copy buttons), and ``report(frame) -> [Markdown lines]`` (its table in
+``llm-report``, the results page). ``frame`` is ``tracking.runs_frame`` of the group; an empty list
+of figures means "nothing to show yet" and the app lays out the empty state. ``check_section`` enforces the protocol when the page is built: a missing or mistyped
 attribute, or a public name one typo away from a hook (``captions``, ``deepdive``), is an error
 instead of a hook that silently never runs. The app marks, in every section, the points of runs
 whose precision their CPU only emulated (``common.mark_emulated``, for any trace whose hover uses
-``common.PROVENANCE_HOVER``) and adds the section's one-line ``common.emulation_note``.
+``common.PROVENANCE_HOVER``) and adds the section's one-line ``common.emulation_note``; and it makes
+every chart readable (``readable``: log axes where values span over 10x, labels that do not collide).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class Section(Protocol):
 REQUIRED = {"GROUP": str, "TITLE": str, "BLURB": str, "figures": Callable}
 OPTIONAL_HOOKS = {"caption": Callable, "RUN_STATUS": (str, type(None)), "deep_dive": Callable,
                   "DEEP_DIVE_TITLE": str, "deep_dive_models": Callable, "DEEP_DIVE_CONTROLS": dict,
-                  "report": Callable}
+                  "deep_dive_reads": Callable, "report": Callable}
 HOOKS = {**REQUIRED, **OPTIONAL_HOOKS}
 
 

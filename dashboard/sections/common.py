@@ -19,6 +19,7 @@ using ``provenance`` in its hover. Runs logged before these tags existed count a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -39,6 +40,17 @@ TEMPLATE = go.layout.Template(layout=dict(
               "#FF97FF", "#FECB52"],
     xaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True),
     yaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True)))
+
+
+@dataclass(frozen=True)
+class TextBeside:
+    """What a section shows beside its charts that is text, not a chart: ``lines`` to read, then
+    ``folds`` behind a click, each ``(summary, ((label, text), ...))`` whose texts get a copy button
+    (code, a command line). The app draws it with html.Details and dcc.Clipboard, the export as
+    <details>: sections stay free of Dash. Texts come as the section's frame holds them (escaped)."""
+
+    lines: tuple[str, ...] = ()
+    folds: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
 
 def has(frame: pd.DataFrame, *columns: str) -> bool:

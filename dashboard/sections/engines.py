@@ -18,9 +18,11 @@ import math
 
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from dashboard.sections.common import (MB, PROVENANCE_HOVER, TEMPLATE, WHISKERS, count_range, has, latest,
                                        provenance, spread_error_bars)
+from dashboard.sections.readable import magnitude_groups
 from trials.engines import DEFAULT, ENGINES
 from trials.stats.factorial import t_quantile
 
@@ -136,26 +138,44 @@ def _benchmark(row) -> tuple[str, bool] | None:
                                                                           f"{tolerance:.0%})" if off else ""), off
 
 
-def scatter(rows: pd.DataFrame, model: str | None) -> go.Figure:
-    """tok/s vs peak memory, one colour per engine; ``model`` None: every model, each point named."""
-    figure = go.Figure()
+def _scatter_traces(rows: pd.DataFrame, every_model: bool) -> list[go.Scatter]:
+    """One trace per engine: tok/s vs peak memory, each point named by its stack (and its model)."""
+    traces = []
     for engine, part in rows.groupby("engine"):
         xs = [float(v) for v in part["tok_per_s"]]
-        error_x = spread_error_bars(part, "tok_per_s", xs)
         names = [str(s).split(":", 1)[-1] for s in part["stack"]]
-        if model is None:
+        if every_model:
             names = [f"{m} {n}" for m, n in zip(part["model"], names)]
-        figure.add_trace(go.Scatter(
-            name=engine, x=xs, y=[float(v) / MB for v in part["peak_memory_bytes"]], mode="markers+text",
-            text=names, textposition="top center",
-            marker=dict(size=11, color=COLORS.get(engine)), error_x=error_x, customdata=provenance(part),
-            hovertext=[_quality(row) for _, row in part.iterrows()],
+        traces.append(go.Scatter(
+            name=engine, legendgroup=engine, x=xs, y=[float(v) / MB for v in part["peak_memory_bytes"]],
+            mode="markers+text", text=names, textposition="top center",
+            marker=dict(size=11, color=COLORS.get(engine)), error_x=spread_error_bars(part, "tok_per_s", xs),
+            customdata=provenance(part), hovertext=[_quality(row) for _, row in part.iterrows()],
             hovertemplate=f"<b>{engine}</b> %{{text}}<br>tok/s: %{{x:.1f}}<br>peak memory: %{{y:.1f}} MB<br>"
                           "quality: %{hovertext}<br>" + PROVENANCE_HOVER + "<extra></extra>"))
+    return traces
+
+
+def scatter(rows: pd.DataFrame, model: str | None) -> go.Figure:
+    """tok/s vs peak memory, one colour per engine; ``model`` None: every model, in one panel per order
+    of magnitude of tok/s (``readable.magnitude_groups``: the zoo's thousands of tok/s would squeeze
+    real models' tens into one pile), each point named with its model where a panel holds several."""
+    groups = [sorted(rows["model"].unique())] if model is not None else \
+        magnitude_groups(rows.groupby("model")["tok_per_s"].median().to_dict())
+    figure = make_subplots(rows=1, cols=len(groups), subplot_titles=[", ".join(g) for g in groups]
+                           if len(groups) > 1 else None)
+    shown = set()
+    for col, models in enumerate(groups, start=1):
+        for trace in _scatter_traces(rows[rows["model"].isin(models)], len(models) > 1):
+            trace.showlegend = trace.name not in shown
+            shown.add(trace.name)
+            figure.add_trace(trace, row=1, col=col)
+    figure.update_xaxes(title_text="decode tok/s")
+    figure.update_yaxes(title_text="peak memory (MB)")
+    panels = "<br><sup>one panel per order of magnitude of tok/s</sup>" if len(groups) > 1 else ""
     figure.update_layout(title=f"{model or 'Every model'}: decode tok/s vs peak memory by engine "
-                               "(bottom-right is best)",
-                         xaxis_title="decode tok/s", yaxis_title="peak memory (MB)", legend_title="engine",
-                         template=TEMPLATE, margin=dict(l=70, r=20, t=60, b=50), height=440)
+                               f"(bottom-right is best){panels}", legend_title="engine", template=TEMPLATE,
+                         margin=dict(l=70, r=20, t=80 if len(groups) > 1 else 60, b=50), height=440)
     return figure
 
 

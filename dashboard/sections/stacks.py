@@ -10,9 +10,10 @@ together, ``trials.techniques.stacks.runner``), never a sum of separate trials. 
    design (``trials.stats.factorial``), as "x faster" with 95 % intervals; an interval spanning 1x is
    marked not significant. Memory effects carry no interval (one peak per trial).
 3. Best stack: ``dashboard.decision``'s picks (the fastest single-stream stack, the highest-throughput
-   batched one, the smallest, the cheapest with a price) within the limits typed in the boxes beside
-   the model selector (quality, latency, price; the same decision ``llm-recommend`` prints), each with
-   why the next-best lost, the command that reproduces the trial and the code that turns it on.
+   batched one, the smallest, the cheapest with a price, the served one with serving runs) within the
+   limits typed in the boxes beside the model selector (quality, latency, price), as the table
+   ``llm-recommend`` prints (``dashboard.decision_table``: one row per distinct stack), why each
+   runner-up lost under it, and each stack's code and reproduce command behind a click.
 """
 
 from __future__ import annotations
@@ -24,9 +25,14 @@ import textwrap
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
+from plotly.subplots import make_subplots
 
-from dashboard.sections.common import MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, count_range, has, latest
-from dashboard.decision import DEFAULT_LIMITS, Decision, Limits, decide, facts, reproduce
+from dashboard import served
+from dashboard.decision import DEFAULT_LIMITS, Limits, decide
+from dashboard.decision_table import COLUMNS, Glance, glance
+from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, TextBeside, count_range,
+                                       has, latest)
+from dashboard.sections.readable import magnitude_groups
 from trials.stats.factorial import effects, factor_columns
 from trials.techniques.stacks.spec import SPEC_NEEDS_CROP
 
@@ -38,7 +44,8 @@ DEEP_DIVE_TITLE = "Per model: the stacks, what each optimization contributes, th
 RUN_STATUS = None                     # FAILED combinations are named, not hidden
 DECIDES = True                        # the decision (dashboard.decision, llm-recommend) reads this group
 OVERVIEW_ID = "stacks-overview"
-FRONTIER_ID, EFFECTS_ID, CARD_ID = "stacks-frontier", "stacks-effects", "stacks-best"
+FRONTIER_ID, EFFECTS_ID = "stacks-frontier", "stacks-effects"
+CARD_ID, CARD_TEXT_ID = "stacks-best", "stacks-best-more"
 # The best-stack card's limits, typed beside the model selector (an emptied box: its default; a
 # negative value, or a box without a default left empty: no limit); the defaults are the decision's
 # (``dashboard.decision.Limits``, justified there from measured stores)
@@ -122,13 +129,20 @@ def _scatter(rows: pd.DataFrame, name: str, color: str, labels: bool = True) -> 
 
 
 def overview(rows: pd.DataFrame) -> go.Figure:
-    figure = go.Figure()
+    """Every model's stacks, in one panel per order of magnitude of tok/s (``readable.magnitude_groups``)."""
+    groups = magnitude_groups(pd.to_numeric(rows["tok_per_s"]).groupby(rows["model"]).median().to_dict())
+    figure = make_subplots(rows=1, cols=len(groups), subplot_titles=[", ".join(g) for g in groups]
+                           if len(groups) > 1 else None)
     for i, (model, part) in enumerate(rows.groupby("model")):
-        figure.add_trace(_scatter(part, model, COLORS[i % len(COLORS)], labels=False))   # names on hover
+        col = next(c for c, models in enumerate(groups, start=1) if model in models)
+        figure.add_trace(_scatter(part, model, COLORS[i % len(COLORS)], labels=False),   # names on hover
+                         row=1, col=col)
+    figure.update_xaxes(title_text="decode tok/s (95 % interval over repeats)")
+    figure.update_yaxes(title_text="peak memory MB")
+    panels = "<br><sup>one panel per order of magnitude of tok/s</sup>" if len(groups) > 1 else ""
     figure.update_layout(title="Speed vs memory, by optimization stack (right = faster · lower = less "
-                               "memory · bottom-right is best)",
-                         xaxis_title="decode tok/s (95 % interval over repeats)", yaxis_title="peak memory MB",
-                         legend_title="model", **LAYOUT)
+                               "memory · bottom-right is best)" + panels, legend_title="model",
+                         **{**LAYOUT, "margin": dict(l=70, r=20, t=80, b=50)})
     return figure
 
 
@@ -194,52 +208,60 @@ def limits(max_kl=None, max_ppl_pct=None, min_token_match=None, max_ttft_ms=None
                   max_tpot_s=given(max_tpot_ms, 1e-3), price_per_hour_usd=price or None)
 
 
-# The card's columns and their relative widths. A plotly table does not wrap text, so each cell is
-# wrapped here to its column's width (at the card's usual width) and the rows sized to their lines.
-CARD_COLUMNS = (("", 1.2), ("stack", 1.3), ("measured", 3.1), ("why not the next", 2.6), ("reproduce", 2.4),
-                ("turn it on in your code", 3.4))
-CARD_WIDTH_PX, CHAR_PX, LINE_PX = 1150, 6.8, 15
+# The card's table: ``dashboard.decision_table``'s columns, with relative widths. A plotly table does
+# not wrap text, so each cell is wrapped here to its column's width (at the card's usual width) and the
+# rows sized to their lines.
+CARD_WIDTHS = (1.6, 1.6, 1.1, 1.6, 0.8, 1.7, 1.5, 0.8)
+CARD_WIDTH_PX, CHAR_PX, LINE_PX, ROW_PX = 1000, 7.2, 20, 10
 
 
 def _cell_lines(text: str, units: float) -> list[str]:
     """``text`` wrapped to a column ``units`` wide, each piece HTML-escaped so that no text of a run
     (a model's name, a user's code) is taken for a tag by plotly. The section's frame comes escaped
     (``dashboard.reader.shown``): it is unescaped first, so that no entity is cut in two."""
-    width = max(8, int(units / sum(u for _, u in CARD_COLUMNS) * CARD_WIDTH_PX / CHAR_PX))
+    width = max(8, int(units / sum(CARD_WIDTHS) * CARD_WIDTH_PX / CHAR_PX))
     return [html.escape(piece, quote=False) for line in html.unescape(text).splitlines() or [""]
-            for piece in (textwrap.wrap(line, width, break_long_words=True, break_on_hyphens=False,
-                                        drop_whitespace=False) or [""])]
+            for piece in (textwrap.wrap(line, width, break_long_words=True, break_on_hyphens=False) or [""])]
 
 
-def best_card(decision: Decision) -> go.Figure:
-    """The decision as a table: one row per pick (the closest stack where none passes), notes, then FAILED runs."""
-    rows: list[tuple[str, ...]] = []
-    for pick in decision.picks:
-        command, code = reproduce(pick.row)
-        why = pick.runner_up + (f"\nranked above it, excluded by the limits: {pick.excluded}" if pick.excluded else "")
-        rows.append((pick.title, pick.row["name"].replace("+", "\n+"), "\n".join(facts(pick.row, decision.rows, decision.limits)),
-                     why, command, code))
-    if decision.closest is not None:
-        row, missed = decision.closest
-        command, code = reproduce(row)
-        rows.append(("nothing within the limits: closest", row["name"].replace("+", "\n+"),
-                     "\n".join(facts(row, decision.rows, decision.limits)), "misses: " + "; ".join(missed), command, code))
-    rows += [("note", text, "", "", "", "") for text in decision.note.split("; ") if text]
-    for _, row in (decision.failed if decision.failed is not None else pd.DataFrame()).iterrows():
-        rows.append(("FAILED", str(row.get("tags.stack_name", row.get("stack", "?"))), str(row.get("tags.error", ""))[:300],
-                     "", "", ""))
-    wrapped = [[_cell_lines(str(cell), units) for cell, (_, units) in zip(row, CARD_COLUMNS)] for row in rows]
-    cells = [["<br>".join(row[i]) for row in wrapped] for i in range(len(CARD_COLUMNS))]
+def best_card(table: Glance) -> go.Figure:
+    """The decision's table (``dashboard.decision_table``): one row per distinct stack, the picks it wins."""
+    columns, rows = table.shown()
+    widths = [CARD_WIDTHS[COLUMNS.index(name)] for name in columns]
+    scale = sum(CARD_WIDTHS) / sum(widths)              # the columns left share the card's width
+    wrapped = [[_cell_lines(cell, units * scale) for cell, units in zip(row, widths)] for row in rows]
+    if not wrapped:
+        wrapped = [[["no stack within the limits"]] + [[""]] * (len(columns) - 1)]
+    cells = [["<br>".join(row[i]) for row in wrapped] for i in range(len(columns))]
     lines = sum(max(len(cell) for cell in row) for row in wrapped)
-    figure = go.Figure(go.Table(header=dict(values=[name for name, _ in CARD_COLUMNS]),
-                                cells=dict(values=cells, align="left", font=dict(size=11)),
-                                columnwidth=[units for _, units in CARD_COLUMNS]))
-    text = decision.limits.describe()
-    figure.update_layout(title=f"{decision.model}: best stack within {text}" if decision.picks else
-                         f"{decision.model}: no stack within the limits ({text})",
-                         template=TEMPLATE, margin=dict(l=20, r=20, t=60, b=20),
-                         height=130 + LINE_PX * lines + 12 * len(rows))
+    header = max(len(_cell_lines(name, units * scale)) for name, units in zip(columns, widths))
+    figure = go.Figure(go.Table(header=dict(values=columns), columnwidth=widths,
+                                cells=dict(values=cells, align="left", font=dict(size=12))))
+    figure.update_layout(title=f"{table.model}: best stack within {table.limits}" if table.lines else
+                         f"{table.model}: no stack within the limits ({table.limits})",
+                         template=TEMPLATE, margin=dict(l=20, r=20, t=50, b=10),
+                         height=60 + LINE_PX * (lines + header) + ROW_PX * (len(wrapped) + 1))
     return figure
+
+
+def card_text(table: Glance) -> TextBeside:
+    """Under the card: why each runner-up lost and the notes; each stack's code and the command that
+    reruns it (a served stack: the server's command line) behind a click, with a copy button."""
+    folds = []
+    for line in table.lines:
+        blocks = (("turn it on in your code", line.code),
+                  ("reproduce the trial" if line.code else "serve it", line.command))
+        if line.code or line.command:
+            folds.append((f"{line.stack}: the code and the command", tuple(b for b in blocks if b[1])))
+    lines = tuple(f"why not the runner-up, {text}" for text in table.why) + tuple(table.notes)
+    return TextBeside(lines, tuple(folds))
+
+
+def deep_dive_reads() -> tuple[str, ...]:
+    """The groups the card reads besides this one: the served pick's (serving runs, and the in-process
+    runs that score their GGUFs)."""
+    serving, in_process = served.groups_read()
+    return tuple(serving + in_process)
 
 
 # ------------------------------------------------------------------------------ the protocol
@@ -256,8 +278,9 @@ def deep_dive_models(frame: pd.DataFrame) -> list[str]:
     return sorted(_finished(frame)["model"].dropna().unique())
 
 
-def deep_dive(frame: pd.DataFrame, model: str, **boxes) -> list[tuple[str, go.Figure]]:
-    """``boxes``: the ``DEEP_DIVE_CONTROLS`` by name (missing: its default)."""
+def deep_dive(frame: pd.DataFrame, model: str, others: dict | None = None, **boxes) -> list[tuple[str, object]]:
+    """``boxes``: the ``DEEP_DIVE_CONTROLS`` by name (missing: its default); ``others``: the frames of
+    ``deep_dive_reads`` by group (the served pick; none: no served line)."""
     if not has(frame, *NEEDED):
         return []
     mine = frame[frame["model"] == model]
@@ -265,9 +288,19 @@ def deep_dive(frame: pd.DataFrame, model: str, **boxes) -> list[tuple[str, go.Fi
     if rows.empty:
         return []
     chosen = {name: boxes.get(name, default) for name, (_, default, _) in DEEP_DIVE_CONTROLS.items()}
-    [decision] = decide(mine, limits(**chosen), [model])
+    limits_now = limits(**chosen)
+    [decision] = decide(mine, limits_now, [model])
+    table = glance(decision, _served(others or {}, limits_now, model), limits_now)
     return [(FRONTIER_ID, frontier(rows, model)), (EFFECTS_ID, effects_chart(frame, model)),
-            (CARD_ID, best_card(decision))]
+            (CARD_ID, best_card(table)), (CARD_TEXT_ID, card_text(table))]
+
+
+def _served(others: dict, limits_now: Limits, model: str):
+    """The model's served decision from the frames of ``deep_dive_reads`` (None: no serving runs)."""
+    serving, in_process = (pd.concat([others.get(g, pd.DataFrame()) for g in names] or [pd.DataFrame()],
+                                     ignore_index=True) for names in served.groups_read())
+    found = served.decide_served(serving, in_process, limits_now, [model])
+    return found[0] if found else None
 
 
 def caption(frame: pd.DataFrame) -> str:
