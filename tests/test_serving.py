@@ -79,6 +79,8 @@ def test_a_served_stack_is_measured_point_by_point(serving_store):
         assert m["r1_rate_multiple"] == 0.5 and m["r2_rate_multiple"] == 2.0
         assert m["c1_achieved_rps"] == pytest.approx(m["single_stream_rps"])
         assert m["parity_token_match"] == 1.0 and m["parity_prompts_identical"] == 1.0
+        # the same weights one request at a time in-process, beside the served single stream
+        assert m["in_process_ttft_s_p50"] > 0 and m["ttft_served_vs_in_process"] == m["c1_ttft_s_p50"] / m["in_process_ttft_s_p50"]
         assert m["server_tokens_predicted_total"] >= 4 * LOAD.requests * WORKLOAD.max_new_tokens
         assert m["usd_per_million_output_tokens"] > 0
         assert f"--parallel {slots}" in result.tags["server_command"]

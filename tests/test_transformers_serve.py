@@ -193,6 +193,8 @@ def test_a_zoo_model_is_served_and_measured_as_every_server_is(served_trial):
                  "server_start_s", "parallel_slots", "context_per_slot", "n_ctx"):
         assert m[name] >= 0, name
     assert m["parity_token_match"] == 1.0 and m["parity_prompts_identical"] == 1.0
+    # the same weights one request at a time in-process, beside the served single stream
+    assert m["in_process_ttft_s_p50"] > 0 and m["ttft_served_vs_in_process"] == m["c1_ttft_s_p50"] / m["in_process_ttft_s_p50"]
     assert m["parallel_slots"] == 2 and m["n_ctx"] == 2 * m["context_per_slot"]
     points = served_trial.raw["points"]
     assert [p["point"] for p in points] == ["c1", "c4", "r1", "r2"]

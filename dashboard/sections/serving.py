@@ -154,17 +154,21 @@ def caption(frame: pd.DataFrame) -> str:
 
 
 def report(frame: pd.DataFrame) -> list[str]:
-    """Per model and stack: single-stream rate, saturation, sustainable rate under the SLO, goodput."""
+    """Per model and stack: single-stream rate, saturation, sustainable rate under the SLO, goodput, and
+    the served time to first token one request at a time beside the same weights' in-process one
+    (measured in the same trial, after the load: what the server's HTTP and scheduling add)."""
     if not has(frame, *NEEDED):
         return []
     rows = _rows(frame)
     lines = ["| model | stack | single stream req/s | saturates at req/s | sustainable within SLO req/s | max goodput req/s | "
-             "p50 TTFT at the lowest rate (s) | parity |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "p50 TTFT at the lowest rate (s) | p50 TTFT one at a time: served / in-process (s) | parity |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows.sort_values(["model", "stack"]).to_dict("records"):
         def number(column: str, fmt: str = "{:.2f}") -> str:
             value = pd.to_numeric(pd.Series([row.get(column)]), errors="coerce").iloc[0]
             return "n/a" if pd.isna(value) else fmt.format(value)
         lines.append(f"| {row['model']} | {row['stack']} | {number('single_stream_rps')} | {number('saturation_rps')} | "
                      f"{number('sustainable_rps')} | {number('goodput_rps_max')} | {number('ttft_s_p50_lowest_rate', '{:.3f}')} | "
-                     f"{number('parity_token_match')} |")
+                     f"{number('c1_ttft_s_p50', '{:.3f}')} / {number('in_process_ttft_s_p50', '{:.3f}')} "
+                     f"(x{number('ttft_served_vs_in_process')}) | {number('parity_token_match')} |")
     return lines

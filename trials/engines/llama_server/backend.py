@@ -12,6 +12,7 @@ tokens with the in-process llama.cpp engine's on the same GGUF and cache type.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import json
 import pathlib
 import shlex
@@ -119,22 +120,28 @@ def parity(config: TrialConfig, served: Served, running: Running) -> dict[str, f
     """The server's greedy tokens against the in-process llama.cpp engine's (the same GGUF, cache type
     and proposer, batch 1), prompt by prompt: ``parity_token_match`` is the share of positions that
     agree up to the first divergence of each prompt, ``parity_prompts_identical`` the share of prompts
-    whose tokens are all equal. 1.0: the in-process engines group's quality numbers carry over."""
+    whose tokens are all equal. 1.0: the in-process engines group's quality numbers carry over.
+    ``in_process_ttft_s_p50``: the in-process engine's time to first token on the same prompts, one at
+    a time after a warm-up (the engines group's path), to set beside the served one."""
     new = config.workload.max_new_tokens
     loaded = generation.load(replace(config, stack=replace(config.stack, batch_size=1)), served.tokenizer,
                              served.per_slot)
-    agreed, identical = 0, 0
+    kwargs = {"kv_bits": config.stack.kv_bits}
+    generation.generate_batch(loaded, served.prompts[:1], 2, TokenTimer(), kwargs)      # warm-up, not timed
+    agreed, identical, ttfts = 0, 0, []
     for prompt in served.prompts:
         served_ids = completion_tokens(running, served.prompt_ids[prompt.id], new, served)
-        local = generation.generate_batch(loaded, [prompt], new, TokenTimer(), {"kv_bits": config.stack.kv_bits})
+        local = generation.generate_batch(loaded, [prompt], new, TokenTimer(), kwargs)
         mine = local.output_ids[0]
         same = next((i for i, (a, b) in enumerate(zip(served_ids, mine)) if a != b), min(len(served_ids), len(mine)))
         agreed += same
         identical += int(served_ids == mine)
+        ttfts.append(local.ttft_s)
     running.notes["kv_bytes_per_token"] = generation.kv_bytes_per_token(loaded, config.stack.kv_bits)
     running.notes["weights_bytes"] = generation.facts(loaded, local)[0]["weights_bytes"]
     return {"parity_token_match": agreed / (new * len(served.prompts)),
-            "parity_prompts_identical": identical / len(served.prompts)}
+            "parity_prompts_identical": identical / len(served.prompts),
+            "in_process_ttft_s_p50": statistics.median(ttfts)}
 
 
 def server_metrics(running: Running) -> dict[str, float]:

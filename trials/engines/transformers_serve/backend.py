@@ -16,6 +16,8 @@ and precision (its API returns text, not token ids).
 
 from __future__ import annotations
 
+import statistics
+
 import json
 import pathlib
 import shlex
@@ -165,18 +167,23 @@ def parity(config: TrialConfig, served: Served, running: Running) -> dict[str, f
     """The server's greedy output against the in-process transformers engine's (the same folder and
     precision, batch 1), prompt by prompt: ``parity_token_match`` is the share of in-process tokens the
     server's text reproduces up to the first divergence, ``parity_prompts_identical`` the share of
-    prompts whose text and token count are equal. 1.0: the in-process groups' quality numbers carry over."""
+    prompts whose text and token count are equal. 1.0: the in-process groups' quality numbers carry over.
+    ``in_process_ttft_s_p50``: the in-process engine's time to first token on the same prompts, one at
+    a time after a warm-up, to set beside the served one."""
     new = config.workload.max_new_tokens
     loaded = served.loaded
     prepared = in_process.prepare(config, loaded, served.prompts)        # the stack's generate() keywords
-    agreed, identical = 0, 0
+    in_process.generate_batch(loaded, served.prompts[:1], 2, TokenTimer(), prepared.kwargs)     # warm-up, not timed
+    agreed, identical, ttfts = 0, 0, []
     for prompt in served.prompts:
         text, count = completion(running, served, served.request_prompts[prompt.id], new)
         local = in_process.generate_batch(loaded, [prompt], new, TokenTimer(), prepared.kwargs)
         agreed += agreed_tokens(loaded.tokenizer, local.output_ids[0], text)
         identical += int(text == local.texts[0] and count == new)
+        ttfts.append(local.ttft_s)
     return {"parity_token_match": agreed / (new * len(served.prompts)),
-            "parity_prompts_identical": identical / len(served.prompts)}
+            "parity_prompts_identical": identical / len(served.prompts),
+            "in_process_ttft_s_p50": statistics.median(ttfts)}
 
 
 def server_metrics(running: Running) -> dict[str, float]:

@@ -150,6 +150,9 @@ def run_serving_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
                            tags={**tags, "failure": "serving"}, raw=kept, error=f"{type(exc).__name__}: {line}"[:500])
     metrics.update(facts)
     metrics.update(ladder.metrics())
+    if metrics.get("c1_ttft_s_p50") and metrics.get("in_process_ttft_s_p50"):
+        # one request at a time through the server's HTTP and queue vs the same weights in-process
+        metrics["ttft_served_vs_in_process"] = metrics["c1_ttft_s_p50"] / metrics["in_process_ttft_s_p50"]
     metrics["trial_wall_s"] = time.perf_counter() - began
     metrics["cores_held"] = float(threads)
     price = runtime.price_per_hour_usd
