@@ -224,3 +224,24 @@ def browser(tmp_path):
         pytest.skip("needs Debian chromium and chromium-driver")
     with ui.chromium(tmp_path / "chrome-profile") as driver:
         yield driver
+
+
+def children_running(matches) -> list:
+    """This test process's descendants (any depth), zombies aside, whose command line (a list)
+    ``matches``: the servers a test started and may have left behind."""
+    import psutil
+
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.status() != psutil.STATUS_ZOMBIE and matches(process.cmdline()):
+                found.append(process)
+    return found
+
+
+def assert_none_left(find, what: str, wait_s: float = 10.0) -> None:
+    """``find()`` empty within ``wait_s`` (a stopped server's group may take a moment to go)."""
+    deadline = time.monotonic() + wait_s
+    while find() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not find(), f"{what} was left running"

@@ -21,6 +21,7 @@ import pytest
 import requests
 
 import tracking
+from conftest import assert_none_left, children_running
 from trials.config import Load, Runtime, Stack, TrialConfig, Workload
 from trials.run import run_trial
 from trials.stats.serving import Slo
@@ -34,17 +35,13 @@ STACKS = {"p1": Stack(engine="llama_server", precision="q4_1", batch_size=1),
 
 def servers_left() -> list[psutil.Process]:
     """llama-server processes started by this test process (any depth)."""
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and "llama-server" in " ".join(p.cmdline()[:1])]
+    return children_running(lambda line: "llama-server" in " ".join(line[:1]))
 
 
 @pytest.fixture(autouse=True)
 def no_server_left():
     yield
-    deadline = time.monotonic() + 10
-    while servers_left() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not servers_left(), "a llama-server process was left running"
+    assert_none_left(servers_left, "a llama-server process")
 
 
 def config(name: str, load: Load = LOAD) -> TrialConfig:

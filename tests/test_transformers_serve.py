@@ -25,6 +25,7 @@ from dataclasses import replace
 import psutil
 import pytest
 
+from conftest import assert_none_left, children_running
 from trials.config import Load, Runtime, Stack, TrialConfig, Workload
 from trials.engines import server_process
 from trials.engines.server_process import ServerError, serve_process
@@ -59,27 +60,18 @@ def fake(mode: str = "ok", helper: bool = False):
     return lambda port: [sys.executable, "-c", FAKE, str(port), mode, "helper" if helper else "alone"]
 
 
+SERVER_MARKS = ("fake server", "http.server", "transformers serve", "time.sleep(300)")
+
+
 def servers_left() -> list[psutil.Process]:
     """Server processes this test process started (any depth): transformers serve and the fake one."""
-    left = []
-    for process in psutil.Process().children(recursive=True):
-        try:
-            line = " ".join(process.cmdline())
-            if process.status() != psutil.STATUS_ZOMBIE and ("fake server" in line or "http.server" in line
-                                                             or "transformers serve" in line or "time.sleep(300)" in line):
-                left.append(process)
-        except psutil.NoSuchProcess:
-            continue
-    return left
+    return children_running(lambda line: any(mark in " ".join(line) for mark in SERVER_MARKS))
 
 
 @pytest.fixture(autouse=True)
 def no_server_left():
     yield
-    deadline = time.monotonic() + 10
-    while servers_left() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not servers_left(), "a server process was left running"
+    assert_none_left(servers_left, "a server process")
 
 
 def group_of(running) -> list[psutil.Process]:

@@ -16,12 +16,11 @@ and precision (its API returns text, not token ids).
 
 from __future__ import annotations
 
-import statistics
-
 import json
 import pathlib
 import shlex
 import shutil
+import statistics
 import sys
 import urllib.request
 from dataclasses import dataclass
