@@ -10,6 +10,7 @@ choice that does not exist) are its usage line plus one error line, and exit 2 l
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 
 import pytest
@@ -1087,3 +1088,31 @@ def test_a_store_being_created_beside_is_waited_for_not_refused(tmp_path, monkey
         store_.check_schema(uri)
     finally:
         timer.join()
+
+
+def test_a_reader_on_a_store_being_created_reads_nothing_and_writes_nothing(tmp_path, monkeypatch):
+    """A sweep that has just started is creating its store's tables: a reader beside it (the dashboard,
+    a test polling for the first run) holds no runs yet and leaves the file alone; MLflow would create
+    the tables too, and the two creations at once failed the sweep (CI, 2026-12-06). Once the file has
+    not moved for ``SCHEMA_SETTLE_S``, an unfinished schema is one line, not an empty store."""
+    import sqlite3
+    from contextlib import closing
+
+    from tracking import store as store_
+
+    monkeypatch.setattr(store_, "SCHEMA_SETTLE_S", 1.0)
+    path = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{path}"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE experiments (x)")
+        db.execute("CREATE TABLE runs (x)")
+        db.commit()
+    before = path.read_bytes()
+    assert tracking.runs_frame(uri, "baseline").empty
+    assert tracking.sweep_records(uri) == []
+    assert path.read_bytes() == before and {p.name for p in tmp_path.iterdir()} == {"mlflow.db"}
+    old = path.stat().st_mtime - 5
+    os.utime(path, (old, old))
+    with pytest.raises(tracking.TrackingError, match="MLflow did not write"):
+        tracking.runs_frame(uri, "baseline")
+    assert path.read_bytes() == before

@@ -166,15 +166,15 @@ def _header_problem(path: Path) -> str | None:
     return None
 
 
-def _schema_state(path: Path) -> tuple[frozenset[str], tuple[str, ...]]:
-    """(its tables, its alembic revisions) after sqlite's quick check, through a read-only connection
-    (the file is never changed); ``TrackingError`` names what sqlite found damaged."""
+def _schema_state(path: Path, integrity: bool = True) -> tuple[frozenset[str], tuple[str, ...]]:
+    """(its tables, its alembic revisions) after sqlite's quick check (``integrity``), through a read-only
+    connection (the file is never changed); ``TrackingError`` names what sqlite found damaged."""
     import sqlite3
     from contextlib import closing
 
     try:
         with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
-            check = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            check = db.execute("PRAGMA quick_check(1)").fetchone()[0] if integrity else "ok"
             tables = frozenset(row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'"))
             revisions = tuple(row[0] for row in db.execute("SELECT version_num FROM alembic_version")) \
                 if "alembic_version" in tables else ()
@@ -263,10 +263,28 @@ def _client(uri: str):
 
 
 def _not_there(uri: str) -> bool:
-    """A sqlite store with no file yet (or an empty one): it holds nothing, and opening it through
-    MLflow would create its tables, which a reader must not."""
+    """A sqlite store with no file yet, an empty one, or one whose schema another process is creating
+    right now (a sweep that has just started): it holds no runs yet, and opening it through MLflow would
+    create its tables, which a reader must not (and two processes creating them at once fail, the sweep
+    among them). A schema that is not being created and is not this mlflow's is ``check_schema``'s
+    one-line ``TrackingError``. Reads through a read-only connection, without sqlite's integrity check."""
     path = _sqlite_path(uri)
-    return path is not None and (not path.is_file() or path.stat().st_size == 0)
+    if path is None:
+        return False
+    if not path.is_file() or path.stat().st_size == 0:
+        return True
+    try:
+        state = _schema_state(path, integrity=False)
+    except TrackingError:                 # locked or unreadable: judged below, by whether it is being written
+        state = None
+    if state is not None and state[0] and _settled(state, _mlflow_schema()[2]):
+        return False
+    if state is not None and not state[0]:
+        return True                       # a sqlite file with no tables yet
+    if time.time() - path.stat().st_mtime <= SCHEMA_SETTLE_S:
+        return True                       # being created: nothing to read yet
+    check_schema(uri, new_store_ok=False)
+    return False
 
 
 def artifact_root(uri: str) -> str | None:
