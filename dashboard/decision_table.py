@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from dashboard.decision import Decision, Limits, _num, cost, engine, latency, quality, reproduce, seconds
-from dashboard.served import ServedDecision
+from dashboard.served import ServedDecision, why_others
 from trials.measurement.cost import usd_per_million_tokens
 
 MB = 2**20
@@ -157,8 +157,8 @@ def _served_line(served: ServedDecision, limits: Limits) -> tuple[Line | None, s
                 f"{seconds(point['ttft_s_p95'])} / {seconds(point['tpot_s_p95'])}",
                 _dollars(usd_per_million_tokens(price, tok) if price and price == price and tok > 0 else math.nan),
                 "", str(row.get("tags.server_command") or ""))
-    if served.pick is None:
-        return line, f"served (none within {slo}): each: {served.why}"
+    if served.pick is None:      # the line is the closest stack: why the others are not it
+        return line, f"served (none within {slo}): the others: {why_others(chosen, served.candidates)}"
     return line, f"served (most requests/s within {slo}): next: {served.why}"
 
 

@@ -147,12 +147,13 @@ def decide_served(serving: pd.DataFrame, in_process: pd.DataFrame, limits: Limit
         within = [c for c in candidates if c.point is not None and not c.misses]
         pick = max(within, key=lambda c: (c.rate_rps, c.point.get("goodput_rps", 0.0)), default=None)
         slo = candidates[0].slo if candidates else None
-        out.append(ServedDecision(model, slo, candidates, pick, _why(pick, candidates),
+        out.append(ServedDecision(model, slo, candidates, pick, why_others(pick, candidates),
                                   None if pick is not None else nearest(candidates)))
     return out
 
 
-def _why(pick: Served | None, candidates: list[Served]) -> str:
+def why_others(pick: Served | None, candidates: list[Served]) -> str:
+    """Why each served stack but ``pick`` (the best three by rate) was not picked, in one line."""
     others = sorted((c for c in candidates if c is not pick), key=lambda c: -c.rate_rps)
     said = []
     for other in others[:3]:

@@ -32,6 +32,7 @@ from trials.errors import ConfigError
 from trials.redaction import one_line
 
 log = logging.getLogger("sweeps")
+INTERRUPTED = 130          # what a shell reports for a command stopped by Ctrl-C (128 + SIGINT)
 
 
 def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, started: float, ray_start_s: float,
@@ -128,4 +129,7 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
         write_summary_json(args.summary_json, sweep_id=sweep_id, uri=uri, device=device, outcomes=outcomes,
                            skipped=skipped, elapsed_s=elapsed_s, phases=phases, job=job,
                            calibration=record.describe(sizing))
-    return 1 if zoo_stage.error else 0
+    if zoo_stage.error:
+        return 1
+    never_ran = len(all_configs) - sum(skipped.values()) - len(outcomes)
+    return INTERRUPTED if never_ran > 0 else 0       # the summary's "never ran (interrupted)" line said so

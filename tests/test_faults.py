@@ -232,3 +232,32 @@ def test_a_server_down_60_s_mid_sweep_loses_and_duplicates_nothing(tiny_zoo, tmp
     assert sum(len(counts) for counts in per_config) == planned                    # nothing lost
     assert all((frame["status"] == "FINISHED").all() for frame in every)
     assert time.monotonic() - down_at > 60 and spooled_during, out[-4000:]
+
+
+@pytest.mark.faults
+def test_ctrl_c_stops_the_sweep_with_130_and_leaves_no_process(tiny_zoo, tmp_path):
+    """SIGINT to the sweep's driver (what Ctrl-C sends) once the first run is in the store: the sweep
+    stops its trials, keeps what finished, says how many never ran, and exits 130 as a command stopped
+    by Ctrl-C does (a script that runs it must not read success); none of its processes is left."""
+    import signal
+    import time
+
+    import psutil
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    command = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "baseline,batching", "--models",
+               "tiny-gqa,tiny-mha", "--workers", "1", "--budget", "10s", "--tracking-uri", uri,
+               "--storage-path", str(tmp_path / "ray_results")]
+    sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and sweep.poll() is None and tracking.runs_frame(uri, "baseline").empty:
+        time.sleep(0.2)
+    assert sweep.poll() is None, "the sweep ended before it could be interrupted"
+    tree = psutil.Process(sweep.pid).children(recursive=True)
+    sweep.send_signal(signal.SIGINT)
+    out, _ = sweep.communicate(timeout=300)
+    assert sweep.returncode == 130, out[-3000:]
+    assert re.search(r"\d+ planned trial\(s\) never ran \(interrupted\)", out), out[-3000:]
+    assert len(tracking.runs_frame(uri, "baseline")) >= 1
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert not alive, [" ".join(p.cmdline()[:3]) for p in alive if p.is_running()]

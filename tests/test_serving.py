@@ -30,7 +30,10 @@ SMOL = "smollm2-135m-instruct"
 LOAD = Load(rates=(0.5, 2.0), concurrency=(1, 2), requests=6, warmup=1, ttft_slo_s=2.0, tpot_slo_s=0.25)
 WORKLOAD = Workload("mixed", 1, 16)
 STACKS = {"p1": Stack(engine="llama_server", precision="q4_1", batch_size=1),
-          "p2-kv8": Stack(engine="llama_server", precision="q4_1", batch_size=2, kv_bits=8, kv_backend="ggml")}
+          # a q8_0 cache and a draft model (-md): the shipped file drafts for itself, so nearly every
+          # proposal is accepted (the suite checks the path; the profiles draft with a lower-bit file)
+          "p2-kv8-draft": Stack(engine="llama_server", precision="q4_1", batch_size=2, kv_bits=8, kv_backend="ggml",
+                                speculation="draft", draft_model=SMOL, draft_precision="q4_1", num_draft_tokens=3)}
 
 
 def servers_left() -> list[psutil.Process]:
@@ -86,7 +89,14 @@ def test_a_served_stack_is_measured_point_by_point(serving_store):
         assert [p["point"] for p in points] == ["c1", "c2", "r1", "r2"]
         assert all(len(p["requests"]) == LOAD.requests for p in points)
         assert all(r["output_tokens"] == WORKLOAD.max_new_tokens for p in points for r in p["requests"])
-    assert "--cache-type-k q8_0" in results["p2-kv8"].tags["server_command"]
+    drafted = results["p2-kv8-draft"]
+    assert "--cache-type-k q8_0" in drafted.tags["server_command"]
+    assert ("--spec-type draft-simple --spec-draft-model '<smollm2-135m-instruct>.q4_1.gguf' --spec-draft-n-max 3"
+            in drafted.tags["server_command"])
+    # its own weights propose: nearly all accepted, close to k + 1 tokens per verifying pass
+    assert drafted.metrics["server_draft_acceptance"] > 0.9, drafted.metrics
+    assert 2.5 < drafted.metrics["server_tokens_per_target_pass"] <= 4.0
+    assert "server_draft_acceptance" not in results["p1"].metrics
 
 
 def test_a_server_that_never_becomes_healthy_is_one_line_and_gone(real_models, tmp_path):
@@ -183,7 +193,7 @@ def test_the_section_the_report_and_the_decision_read_the_served_runs(serving_st
     frame = section_frame(serving, runs)
     figures = dict(serving.figures(frame))
     names = {trace.name for trace in figures[serving.TTFT_ID].data}
-    assert {"llama_server:q4_1", "llama_server:q4_1+kv8-ggml+b2"} <= names
+    assert {"llama_server:q4_1", "llama_server:q4_1+kv8-ggml+draft(q4_1,k=3)+b2"} <= names
     assert "--parallel" in json.dumps(figures[serving.TTFT_ID].data[0].customdata[0])
     assert "Poisson" in serving.caption(frame)
     table = "\n".join(serving.report(frame))
@@ -202,6 +212,14 @@ def test_the_section_the_report_and_the_decision_read_the_served_runs(serving_st
     served_line = next(line for line in table.splitlines() if line.strip().startswith("served"))
     assert (expected in served_line and "req/s)" in served_line) if expected else \
         any(word in served_line for word in ("closest", "none within"))
+    # nothing within an SLO of 1 ms: the line is the closest stack, and why-not names the others only
+    assert recommend.main(["--tracking-uri", uri, "--max-ttft", "1ms", "--max-tpot", "1ms", "--no-quality-limit"]) == 0
+    table = capsys.readouterr().out
+    closest = next(line for line in table.splitlines() if "served: closest" in line)
+    why = next(line for line in table.splitlines() if "served (none within" in line)
+    shown = max((name for name in names if name in closest), key=len)     # one label starts the other
+    assert "the others: " in why and f" {shown}: " not in why, why
+    assert all(f" {name}: " in why for name in names - {shown}), why
     assert recommend.main(["--tracking-uri", uri, *slo]) == 0
     assert "quality not measured" in capsys.readouterr().out      # no in-process scores of the GGUF here
     assert recommend.main(["--tracking-uri", uri, "--json", "--no-quality-limit", *slo]) == 0
@@ -238,3 +256,11 @@ def test_the_plan_serves_both_real_models_with_the_ladder_the_issue_asks():
         assert len(configs) >= 3 and any(c.stack.kv_bits < 16 for c in configs)
         assert len({c.stack.batch_size for c in configs}) >= 2
         assert all(len(c.load.rates) >= 4 and c.workload.max_new_tokens >= 32 for c in configs)
+    # the full profile adds a draft model on llama-server: each model's f16 base, drafted by its own q4_0
+    full = groups.get("serving").plan([SMOL, "gemma-3-270m"], PROFILES["full"], "cpu")
+    drafts = {(c.model, c.stack.precision, c.stack.draft_model, c.stack.draft_precision, c.stack.num_draft_tokens)
+              for c in full if c.stack.speculation == "draft"}
+    assert drafts == {(m, "f16", m, "q4_0", 3) for m in (SMOL, "gemma-3-270m")}
+    # a served draft names its weights: one line, not a server that fails to start
+    with pytest.raises(ValueError, match="llama-server drafts with a GGUF of the target's own vocabulary"):
+        Stack(engine="llama_server", precision="f16", speculation="draft", draft_model=SMOL, num_draft_tokens=3).validate()

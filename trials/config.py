@@ -72,7 +72,8 @@ class Stack:
     kv_residual_length: int = 128     # most recent tokens kept in full precision
     speculation: str = "none"
     draft_model: str | None = None
-    num_draft_tokens: int = 0
+    draft_precision: str | None = None   # the draft's weights, where an engine loads them at another type
+    num_draft_tokens: int = 0            # (a served draft: a lower-bit GGUF of the target, llama_server)
     batch_size: int = 1
     compile: bool = False             # compiled decoding: a static cache + torch.compile (trials.engines.transformers.compiled)
     engine: str = DEFAULT_ENGINE      # who runs it (trials.engines: one folder per engine)
@@ -109,6 +110,8 @@ class Stack:
                    f"speculation needs num_draft_tokens (k) >= 1, got {self.num_draft_tokens!r}")
         if self.speculation == "draft":
             _check(bool(self.draft_model), "speculation 'draft' needs a draft_model")
+        else:
+            _check(self.draft_precision is None, "draft_precision is only meaningful with a draft model")
         _check(isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}")
         if self.compile:
             _check(self.kv_bits == 16 and self.speculation == "none",
@@ -144,7 +147,8 @@ class Stack:
         if self.kv_bits != 16:
             parts.append(f"kv{self.kv_bits}-{self.kv_backend}")
         if self.speculation == "draft":
-            parts.append(f"draft(k={self.num_draft_tokens})")
+            weights = f"{self.draft_precision}," if self.draft_precision else ""
+            parts.append(f"draft({weights}k={self.num_draft_tokens})")
         elif self.speculation == "prompt_lookup":
             parts.append(f"lookup(k={self.num_draft_tokens})")
         if self.batch_size != 1:

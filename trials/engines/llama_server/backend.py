@@ -46,6 +46,7 @@ class Served:
     per_slot: int                 # context tokens each slot holds
     n_ctx: int                    # the server's whole context: per_slot x slots
     tokenizer: object
+    draft_path: pathlib.Path | None = None     # the draft model's GGUF (speculation "draft")
 
     @property
     def request_prompts(self) -> dict[str, list[int]]:
@@ -65,13 +66,16 @@ def load(config: TrialConfig) -> Served:
     longest = max(len(v) for v in ids.values())
     per_slot = -(-(longest + workload.max_new_tokens + stack.num_draft_tokens + 16) // 256) * 256
     path, card = gguf.gguf_file(entry, stack.precision)
+    draft = gguf.gguf_file(config.entry(stack.draft_model), stack.draft_precision)[0] if stack.speculation == "draft" else None
     return Served(path, card, prompts, ids, generation.eos_ids(pathlib.Path(entry.path()), source.tokenizer),
-                  per_slot, per_slot * stack.batch_size, source.tokenizer)
+                  per_slot, per_slot * stack.batch_size, source.tokenizer, draft)
 
 
-def server_arguments(config: TrialConfig, served: Served, threads: int) -> list[str]:
+def server_arguments(config: TrialConfig, served: Served, threads: int, draft: str | None = None) -> list[str]:
     """llama-server's options for the stack (beside the binary, the model, host and port): the one
-    description the trial runs and the user's command line shows."""
+    description the trial runs and the user's command line shows. ``draft``: how the draft's GGUF is
+    named (default: its path). A draft keeps the target's cache type and threads, and at least one
+    drafted token a round."""
     stack = config.stack
     kv = KV_TYPES[stack.kv_bits]
     arguments = ["--ctx-size", str(served.n_ctx), "--parallel", str(stack.batch_size), "--cont-batching",
@@ -79,14 +83,20 @@ def server_arguments(config: TrialConfig, served: Served, threads: int) -> list[
                  "--cache-type-k", kv, "--cache-type-v", kv, "--seed", str(config.seed), "--metrics", "--no-webui"]
     if stack.speculation == "prompt_lookup":
         arguments += ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(stack.num_draft_tokens)]
+    elif stack.speculation == "draft":
+        arguments += ["--spec-type", "draft-simple", "--spec-draft-model", draft or str(served.draft_path),
+                      "--spec-draft-n-max", str(stack.num_draft_tokens), "--spec-draft-n-min", "1",
+                      "--spec-draft-threads", str(threads), "--cache-type-k-draft", kv, "--cache-type-v-draft", kv]
     return arguments
 
 
 def user_command(config: TrialConfig, served: Served, threads: int) -> str:
-    """The stack as a user starts it (the model file named as the project built it)."""
-    model = f"<{config.model}>.{config.stack.precision}.gguf"
+    """The stack as a user starts it (the model files named as the project built them)."""
+    stack = config.stack
+    model = f"<{config.model}>.{stack.precision}.gguf"
+    draft = f"<{stack.draft_model}>.{stack.draft_precision}.gguf" if stack.speculation == "draft" else None
     return shlex.join(["llama-server", "--model", model, "--host", HOST, "--port", "8080",
-                       *server_arguments(config, served, threads)])
+                       *server_arguments(config, served, threads, draft)])
 
 
 def request_body(served: Served) -> dict:
@@ -121,11 +131,14 @@ def parity(config: TrialConfig, served: Served, running: Running) -> dict[str, f
     and proposer, batch 1), prompt by prompt: ``parity_token_match`` is the share of positions that
     agree up to the first divergence of each prompt, ``parity_prompts_identical`` the share of prompts
     whose tokens are all equal. 1.0: the in-process engines group's quality numbers carry over.
-    ``in_process_ttft_s_p50``: the in-process engine's time to first token on the same prompts, one at
+    A draft model's stack is compared with the target alone (the binding has no draft models; greedy
+    speculation must not change a token). ``in_process_ttft_s_p50``: the in-process engine's time to first token on the same prompts, one at
     a time after a warm-up (the engines group's path), to set beside the served one."""
     new = config.workload.max_new_tokens
-    loaded = generation.load(replace(config, stack=replace(config.stack, batch_size=1)), served.tokenizer,
-                             served.per_slot)
+    alone = replace(config.stack, batch_size=1)
+    if alone.speculation == "draft":       # greedy speculation is lossless: the target's own tokens
+        alone = replace(alone, speculation="none", draft_model=None, draft_precision=None, num_draft_tokens=0)
+    loaded = generation.load(replace(config, stack=alone), served.tokenizer, served.per_slot)
     kwargs = {"kv_bits": config.stack.kv_bits}
     generation.generate_batch(loaded, served.prompts[:1], 2, TokenTimer(), kwargs)      # warm-up, not timed
     agreed, identical, ttfts = 0, 0, []

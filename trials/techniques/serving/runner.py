@@ -120,6 +120,10 @@ def _counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[s
     drafted = deltas.get("server_spec_decode_num_draft_tokens_total")
     if drafted:
         deltas["server_draft_acceptance"] = deltas.get("server_spec_decode_num_accepted_tokens_total", 0.0) / drafted
+    rounds = deltas.get("server_spec_decode_num_drafts_total")
+    if rounds:     # each verifying pass keeps the accepted tokens and adds one of its own
+        deltas["server_tokens_per_target_pass"] = (deltas.get("server_spec_decode_num_accepted_tokens_total", 0.0)
+                                                   + rounds) / rounds
     return deltas
 
 

@@ -4,8 +4,10 @@ For each target (real models only where the profile says so), on every server en
 this device: the weights a model ships in (else the engine's 16-bit base) at each ``parallel`` slot
 count, and at the most slots each of the profile's other ``weights``, its quantized ``caches`` on the
 16-bit base (where the in-process engines group scores the same cache: the decision's quality budget
-reads those scores; left out, with the reason, where the model cannot hold them) and prompt lookup
-with ``lookup_k`` tokens.
+reads those scores; left out, with the reason, where the model cannot hold them), prompt lookup
+with ``lookup_k`` tokens, and the 16-bit base drafted by each of the model's own lower-bit GGUFs in
+``drafts`` with ``draft_k`` tokens (the same vocabulary by construction; greedy speculation keeps the
+16-bit base's tokens, so its quality is the base's).
 Every trial gets the same load: Poisson ``rates`` (multiples of the stack's own single-stream
 capacity), closed-loop ``concurrency`` levels, ``requests_per_point`` each, and the SLO.
 """
@@ -21,6 +23,7 @@ from trials.techniques import planning
 from trials.techniques.serving.spec import NAME
 
 log = logging.getLogger(__name__)
+DRAFT_K = 3          # tokens a draft proposes per round where the profile names none: llama-server's own default
 
 
 def server_stacks(engine, entry, settings: dict, device: str) -> list[Stack]:
@@ -43,6 +46,13 @@ def server_stacks(engine, entry, settings: dict, device: str) -> list[Stack]:
     if settings.get("lookup_k") and "prompt_lookup" in engine.proposers:
         stacks.append(Stack(engine=engine.name, precision=shipped, speculation="prompt_lookup",
                             num_draft_tokens=settings["lookup_k"], batch_size=most))
+    drafts = [w for w in dict.fromkeys(settings.get("drafts", [])) if w in engine.precisions and w != sixteen]
+    if drafts and "draft" in engine.proposers:
+        log.info("serving: %s drafts on %s with its own %s GGUF (a draft of the same vocabulary by construction)",
+                 entry.name, engine.name, ", ".join(drafts))
+        stacks += [Stack(engine=engine.name, precision=sixteen, speculation="draft", draft_model=entry.name,
+                         draft_precision=w, num_draft_tokens=settings.get("draft_k") or DRAFT_K, batch_size=most)
+                   for w in drafts]
     return stacks
 
 

@@ -54,6 +54,8 @@ SPEC = Technique(
                   "caches": ProfileKey("cache", many=True, optional=True),
                   "parallel": ProfileKey("int", many=True, low=1, high=64),
                   "lookup_k": ProfileKey("int", low=1, high=64, optional=True),
+                  "drafts": ProfileKey("weight", many=True, optional=True),
+                  "draft_k": ProfileKey("int", low=1, high=64, optional=True),
                   "rates": ProfileKey("number", many=True, low=0.01, high=1000),
                   "concurrency": ProfileKey("int", many=True, low=1, high=1024),
                   "requests_per_point": ProfileKey("int", low=1, high=100_000),
