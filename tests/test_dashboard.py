@@ -359,3 +359,8 @@ def test_axes_turn_logarithmic_past_10x_and_labels_that_collide_go_to_the_hover(
     assert shown[0] and shown[3] and not all(shown[:3]) and crowded.data[0].text[1] == "second label"
     assert magnitude_groups({"smol": 30.0, "gemma": 12.0, "zoo-a": 900.0, "zoo-b": 3500.0}) == \
         [["gemma", "smol"], ["zoo-a", "zoo-b"]]
+    # a wild whisker is cut at the chart's edge, but a bar keeps its base: a range of 450-550 would draw
+    # bars from below the chart (a browser test once pointed at a bar's middle there, under the next section)
+    wild = readable(go.Figure(go.Bar(x=["a", "b"], y=[450.0, 550.0], error_y=dict(array=[10.0, 40_000.0]))))
+    low, high = wild.layout.yaxis.range
+    assert low <= 0 < 550 < high < 1000 and "whiskers cut" in wild.layout.title.text

@@ -25,6 +25,7 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,7 +218,30 @@ def _point_until(driver, find, done, then, timeout: float):
                 then(ActionChains(d).move_to_element(find(d)).move_by_offset(step % 2, 0)).perform()
         return None
 
-    return wait(driver, timeout).until(pointed)
+    try:
+        return wait(driver, timeout).until(pointed)
+    except TimeoutException:
+        raise TimeoutException(f"nothing happened in {timeout:.0f} s of pointing: {_under_pointer(driver, find)}") from None
+
+
+UNDER_JS = """
+const el = arguments[0];
+if (!el) return 'no element to point at';
+const r = el.getBoundingClientRect(), x = r.x + r.width / 2, y = r.y + r.height / 2;
+const top = document.elementFromPoint(x, y);
+const name = (e) => e ? e.tagName + (e.id ? '#' + e.id : '') + (e.getAttribute('class') ? '.' + e.getAttribute('class') : '') : 'nothing';
+return `target ${name(el)} ${Math.round(r.width)}x${Math.round(r.height)} px at (${Math.round(x)}, ${Math.round(y)}), ` +
+       `window ${innerWidth}x${innerHeight} scrolled ${Math.round(scrollY)}; on top there: ${name(top)}` +
+       (top && top !== el && !el.contains(top) ? ' (covers the target)' : '');
+"""
+
+
+def _under_pointer(driver, find) -> str:
+    """What the pointer would meet at the target's centre (a diagnosis for a failed hover or click)."""
+    try:
+        return driver.execute_script(UNDER_JS, find(driver))
+    except Exception as exc:       # the page itself may be what broke
+        return f"the target could not be inspected ({type(exc).__name__})"
 
 
 def wait(driver, timeout: float = RENDER_TIMEOUT_S) -> WebDriverWait:

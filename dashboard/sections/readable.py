@@ -142,10 +142,21 @@ def _whiskers(figure: go.Figure) -> dict[str, list[float]]:
     return ends
 
 
+def _bar_bases(figure: go.Figure) -> set[str]:
+    """The axes bars grow along (a vertical bar's y axis): their range must hold the bars' base, 0."""
+    return {_axis_key(t, "x" if t.orientation == "h" else "y") for t in figure.data
+            if t.type == "bar" and t.visible is not False}
+
+
 def whiskers_within_reason(figure: go.Figure) -> go.Figure:
     """Each axis without a range of its own whose whiskers reach past ``WILD_WHISKER`` times its
-    values' span (in its scale): the range of its values, padded, and ``CUT_NOTE`` once."""
+    values' span (in its scale): the range of its values, padded, and ``CUT_NOTE`` once. A linear axis
+    that bars grow along keeps 0 in its range: a bar cut at its base would draw a difference as a ratio
+    (and its shape would reach out of the chart, where a pointer meets other elements)."""
     values = _axis_values(figure)
+    for key in _bar_bases(figure):
+        if key in values and figure.layout[key].type != "log":
+            values[key] = [*values[key], 0.0]
     cut = False
     for key, ends in _whiskers(figure).items():
         axis, found = figure.layout[key], values.get(key)
