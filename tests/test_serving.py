@@ -83,6 +83,9 @@ def test_a_served_stack_is_measured_point_by_point(serving_store):
         assert m["in_process_ttft_s_p50"] > 0 and m["ttft_served_vs_in_process"] == m["c1_ttft_s_p50"] / m["in_process_ttft_s_p50"]
         assert m["server_tokens_predicted_total"] >= 4 * LOAD.requests * WORKLOAD.max_new_tokens
         assert m["usd_per_million_output_tokens"] > 0
+        # the bandwidth bound with every slot decoding, beside the most output tok/s served
+        assert m["roofline_output_tok_per_s"] > 0 and m["roofline_ratio"] == m["output_tok_per_s_max"] / m["roofline_output_tok_per_s"]
+        assert m["decode_bytes_per_step"] > m["weights_bytes"] and result.tags["bandwidth_source"]
         assert f"--parallel {slots}" in result.tags["server_command"]
         assert result.tags["server_command"].startswith("llama-server --model '<smollm2-135m-instruct>.q4_1.gguf'")
         points = result.raw["points"]

@@ -156,13 +156,15 @@ def caption(frame: pd.DataFrame) -> str:
 def report(frame: pd.DataFrame) -> list[str]:
     """Per model and stack: single-stream rate, saturation, sustainable rate under the SLO, goodput, and
     the served time to first token one request at a time beside the same weights' in-process one
-    (measured in the same trial, after the load: what the server's HTTP and scheduling add)."""
+    (measured in the same trial, after the load: what the server's HTTP and scheduling add), and the most
+    output tok/s served beside the bandwidth bound with every slot decoding (``roofline_output_tok_per_s``)."""
     if not has(frame, *NEEDED):
         return []
     rows = _rows(frame)
     lines = ["| model | stack | single stream req/s | saturates at req/s | sustainable within SLO req/s | max goodput req/s | "
-             "p50 TTFT at the lowest rate (s) | p50 TTFT one at a time: served / in-process (s) | parity |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "p50 TTFT at the lowest rate (s) | p50 TTFT one at a time: served / in-process (s) | "
+             "most output tok/s: served / roofline | parity |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows.sort_values(["model", "stack"]).to_dict("records"):
         def number(column: str, fmt: str = "{:.2f}") -> str:
             value = pd.to_numeric(pd.Series([row.get(column)]), errors="coerce").iloc[0]
@@ -170,5 +172,6 @@ def report(frame: pd.DataFrame) -> list[str]:
         lines.append(f"| {row['model']} | {row['stack']} | {number('single_stream_rps')} | {number('saturation_rps')} | "
                      f"{number('sustainable_rps')} | {number('goodput_rps_max')} | {number('ttft_s_p50_lowest_rate', '{:.3f}')} | "
                      f"{number('c1_ttft_s_p50', '{:.3f}')} / {number('in_process_ttft_s_p50', '{:.3f}')} "
-                     f"(x{number('ttft_served_vs_in_process')}) | {number('parity_token_match')} |")
+                     f"(x{number('ttft_served_vs_in_process')}) | {number('output_tok_per_s_max', '{:.1f}')} / "
+                     f"{number('roofline_output_tok_per_s', '{:.0f}')} | {number('parity_token_match')} |")
     return lines

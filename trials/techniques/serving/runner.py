@@ -26,11 +26,13 @@ import time
 from trials import engines
 from trials.config import Runtime, TrialConfig
 from trials.loop import TrialResult, model_tags
+from trials.measurement.bandwidth import memory_bandwidth
 from trials.measurement.cost import usd_per_million_tokens
 from trials.measurement.environment import environment_tags
 from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
 from trials.measurement.load import PointRun, Request, poisson_arrivals, run_point
 from trials.stats.serving import Slo, saturation_rps, summarize, sustainable
+from trials.stats.theory import roofline_tok_per_s
 
 log = logging.getLogger(__name__)
 POINT_TIMEOUT_S = 600             # one point; a server slower than this on 20 requests is broken
@@ -127,6 +129,26 @@ def _counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[s
     return deltas
 
 
+def _roofline(config: TrialConfig, metrics: dict, ladder: Ladder) -> dict[str, str]:
+    """The prediction beside the served rate: decoding with every slot busy, a step reads the weights
+    once and each slot's cache at the mean context (the requests' prompt tokens plus half the new ones),
+    at this machine's copy bandwidth, so no step emits more than ``slots`` tokens faster than that
+    (prefill and the server's own work only lower it; a draft model can pass it, several tokens a pass).
+    Where the engine reports no weight and cache bytes, nothing is predicted."""
+    weights, cache, n_ctx = (metrics.get(k) for k in ("weights_bytes", "kv_cache_allocated_bytes", "n_ctx"))
+    prompts = [r.prompt_tokens for _, _, run in ladder.points for r in run.records if r.prompt_tokens]
+    if not (weights and cache and n_ctx and prompts and metrics.get("output_tok_per_s_max")):
+        return {}
+    slots = config.stack.batch_size
+    context = sum(prompts) / len(prompts) + config.workload.max_new_tokens / 2
+    step = weights + slots * cache / n_ctx * context
+    bandwidth, source = memory_bandwidth(config.device, config.config_hash)
+    metrics.update(memory_bandwidth_bytes_per_s=bandwidth, decode_bytes_per_step=step,
+                   roofline_output_tok_per_s=roofline_tok_per_s(slots, bandwidth, step))
+    metrics["roofline_ratio"] = metrics["output_tok_per_s_max"] / metrics["roofline_output_tok_per_s"]
+    return {"bandwidth_source": source}
+
+
 def run_serving_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     """Serve the stack, drive it point by point, check parity, stop the server; a server that dies or
     refuses mid-load fails the trial with what was measured kept."""
@@ -157,6 +179,7 @@ def run_serving_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     if metrics.get("c1_ttft_s_p50") and metrics.get("in_process_ttft_s_p50"):
         # one request at a time through the server's HTTP and queue vs the same weights in-process
         metrics["ttft_served_vs_in_process"] = metrics["c1_ttft_s_p50"] / metrics["in_process_ttft_s_p50"]
+    tags.update(_roofline(config, metrics, ladder))
     metrics["trial_wall_s"] = time.perf_counter() - began
     metrics["cores_held"] = float(threads)
     price = runtime.price_per_hour_usd
