@@ -25,7 +25,7 @@ from sweeps.launch import collect_outcomes, planned_workers, run_tune, start_loc
 from sweeps.plan import ensure_models, finished_configs, flat, is_finished, split_stages, zoo_sets_to_build
 from sweeps.sharing import machine_sharing, print_sharing
 from sweeps.spaces import run_order
-from sweeps.summary import Phases, print_phases, print_summary, write_summary_json
+from sweeps.summary import Phases, never_ran, print_phases, print_summary, write_summary_json
 from sweeps.zoo_stage import ZooStage, stop, trains_beside
 from trials.config import TrialConfig
 from trials.errors import ConfigError
@@ -131,5 +131,4 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
                            calibration=record.describe(sizing))
     if zoo_stage.error:
         return 1
-    never_ran = len(all_configs) - sum(skipped.values()) - len(outcomes)
-    return INTERRUPTED if never_ran > 0 else 0       # the summary's "never ran (interrupted)" line said so
+    return INTERRUPTED if never_ran(all_configs, outcomes, skipped) else 0    # the summary said "interrupted"

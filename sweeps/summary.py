@@ -43,6 +43,12 @@ def grouped_notes(notes) -> list[str]:
     return [f"{reason} — for {', '.join(models)}" if models else reason for reason, models in reasons.items()]
 
 
+def never_ran(configs, outcomes, skipped) -> int:
+    """Planned trials (less those skipped as already finished) that left no outcome: Ctrl-C, or a build
+    that failed before them."""
+    return max(0, len(configs) - sum(skipped.values()) - len(outcomes))
+
+
 def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_out=(),
                   why_not_run: str = "interrupted") -> None:
     finished = [o for o in outcomes if o.get("trial_status") == "FINISHED"]
@@ -59,9 +65,8 @@ def print_summary(configs, outcomes, skipped, uri, elapsed_s, ray_start_s, left_
         print(f"  FAILED {o.get('group')} {o.get('model')} {o.get('stack')}: {o.get('error')}")
     for note in grouped_notes(left_out):
         print(f"  not planned: {note}")
-    planned = len(configs) - sum(skipped.values())
-    if len(outcomes) < planned:
-        print(f"  {planned - len(outcomes)} planned trial(s) never ran ({why_not_run}); the same command again "
+    if missing := never_ran(configs, outcomes, skipped):
+        print(f"  {missing} planned trial(s) never ran ({why_not_run}); the same command again "
               "runs only the configurations without a finished run")
     from tracking import spool
 

@@ -1059,6 +1059,19 @@ def test_a_damaged_calibration_cache_is_measured_again_in_one_line(tmp_path, mon
     assert budget._read_cache() == {} and not caplog.records, "no cache yet is not damage"
 
 
+def _tables_without_revision(tmp_path):
+    """(path, uri) of a store caught mid-creation: MLflow's first tables, no schema revision yet."""
+    import sqlite3
+    from contextlib import closing
+
+    path = tmp_path / "mlflow.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE experiments (x)")
+        db.execute("CREATE TABLE runs (x)")
+        db.commit()
+    return path, f"sqlite:///{path}"
+
+
 def test_a_store_being_created_beside_is_waited_for_not_refused(tmp_path, monkeypatch):
     """MLflow creates its tables first and its schema revision after: a store caught in between (a
     second sweep or a dashboard started beside the first) is waited for, not called foreign."""
@@ -1069,12 +1082,7 @@ def test_a_store_being_created_beside_is_waited_for_not_refused(tmp_path, monkey
     from tracking import store as store_
 
     monkeypatch.setattr(store_, "SCHEMA_SETTLE_S", 2.0)
-    path = tmp_path / "mlflow.db"
-    uri = f"sqlite:///{path}"
-    with closing(sqlite3.connect(path)) as db:
-        db.execute("CREATE TABLE experiments (x)")
-        db.execute("CREATE TABLE runs (x)")
-        db.commit()
+    path, uri = _tables_without_revision(tmp_path)
 
     def finish():
         with closing(sqlite3.connect(path)) as db:
@@ -1095,18 +1103,10 @@ def test_a_reader_on_a_store_being_created_reads_nothing_and_writes_nothing(tmp_
     a test polling for the first run) holds no runs yet and leaves the file alone; MLflow would create
     the tables too, and the two creations at once failed the sweep (CI, 2026-12-06). Once the file has
     not moved for ``SCHEMA_SETTLE_S``, an unfinished schema is one line, not an empty store."""
-    import sqlite3
-    from contextlib import closing
-
     from tracking import store as store_
 
     monkeypatch.setattr(store_, "SCHEMA_SETTLE_S", 1.0)
-    path = tmp_path / "mlflow.db"
-    uri = f"sqlite:///{path}"
-    with closing(sqlite3.connect(path)) as db:
-        db.execute("CREATE TABLE experiments (x)")
-        db.execute("CREATE TABLE runs (x)")
-        db.commit()
+    path, uri = _tables_without_revision(tmp_path)
     before = path.read_bytes()
     assert tracking.runs_frame(uri, "baseline").empty
     assert tracking.sweep_records(uri) == []

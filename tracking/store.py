@@ -277,10 +277,10 @@ def _not_there(uri: str) -> bool:
         state = _schema_state(path, integrity=False)
     except TrackingError:                 # locked or unreadable: judged below, by whether it is being written
         state = None
-    if state is not None and state[0] and _settled(state, _mlflow_schema()[2]):
-        return False
     if state is not None and not state[0]:
         return True                       # a sqlite file with no tables yet
+    if state is not None and _settled(state, _mlflow_schema()[2]):
+        return False
     if time.time() - path.stat().st_mtime <= SCHEMA_SETTLE_S:
         return True                       # being created: nothing to read yet
     check_schema(uri, new_store_ok=False)
