@@ -101,6 +101,25 @@ def test_quantization_trials_shrink_their_perplexity_windows_too():
     assert perplexity_method(config.entry(), shrunk.workload.eval_windows).windows == shrunk.workload.eval_windows
 
 
+def test_a_stack_on_another_engine_scores_the_same_windows_in_the_stacks_and_engines_groups():
+    """The stacks group's cells on llama.cpp are measured as the engines group measures them: at every
+    level their quality rests on the engines group's perplexity windows (they scored the method's full
+    16 windows at every level before, 4x the engines group's at the floors)."""
+    plan = _plan()
+    engines_group = {(c.model, c.stack.label): c for c in plan if c.group == "engines"}
+    cells = [c for c in plan if c.group == "stacks" and (c.model, c.stack.label) in engines_group
+             and c.stack.engine != "transformers"]
+    if not cells:
+        pytest.skip("no second engine installed here (pip install -e '.[llama]')")
+    for level in (0, 2, len(budget.LEVELS) - 1):
+        for cell in cells:
+            twin = engines_group[(cell.model, cell.stack.label)]
+            assert (budget.shrink(cell, level).workload.eval_windows
+                    == budget.shrink(twin, level).workload.eval_windows), (level, cell.stack.label)
+    default_engine = [c for c in plan if c.group == "stacks" and c.stack.engine == "transformers"]
+    assert all(budget.shrink(c, len(budget.LEVELS) - 1).workload.eval_windows == 0 for c in default_engine)
+
+
 def test_calibration_measures_real_models_and_caches_per_machine(tiny_zoo, tmp_path, monkeypatch):
     monkeypatch.setenv(budget.CACHE_ENV_VAR, str(tmp_path / "calibration.json"))
     pairs = {(get_model("tiny-gqa"), "fp32"), (get_model("tiny-draft"), "fp32")}

@@ -3,7 +3,7 @@
 from trials import engines
 from trials.models.registry import reference_precision
 from trials.config import Stack
-from trials.techniques.spec import DeviceCheck, ProfileKey, Technique
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, shrink_eval_windows
 
 NAME = "stacks"
 COMPILE_S = 40.0          # torch.compile of the decode step in the warm-up (CPU, inductor)
@@ -20,17 +20,31 @@ def guard(stack) -> str | None:
 def cost(config, estimate) -> float:
     """Once per model and workload: the base stack (full repeats) and the reference precision's
     outputs and teacher-forced predictions; then the stack itself, with its draft's steps and, where
-    weights or cache are quantized, its own teacher-forced pass."""
+    weights or cache are quantized, its own teacher-forced pass. A cell on another engine is measured
+    as the engines group measures it (its cost model), beside the same base stack."""
     s, w = config.stack, config.workload
     reference = reference_precision(config.entry(), config.device)
     ref = estimate.step(config.model, reference) or estimate.cost
     forced = estimate.teacher_forced_s(ref)
     total = estimate.once((NAME, config.model, w),
                           estimate.generate_s(ref, w.max_new_tokens, repeats=config.repeats + 1, batch=1) + forced)
+    if s.engine != engines.DEFAULT:
+        from trials.techniques.engines.spec import cost as engine_cell_cost
+
+        return total + engine_cell_cost(config, estimate)
     total += estimate.draft_s()
     if s.kv_bits != 16 or s.precision != reference:
         total += forced * estimate.cost.decode_s / ref.decode_s
     return total + estimate.plain + (COMPILE_S if s.compile else 0.0)
+
+
+def shrink(config, workload, prompts_divisor: int):
+    """A cell on another engine scores the perplexity windows the engines group scores at the same
+    level (``shrink_eval_windows``), so the same stack's quality rests on the same windows in both
+    groups; the default engine's cells score teacher-forced prompts, not windows."""
+    if config.stack.engine == engines.DEFAULT:
+        return workload
+    return shrink_eval_windows(config, workload, prompts_divisor)
 
 
 def select(configs: list, names: list[str], source: str) -> list:
@@ -71,6 +85,6 @@ SPEC = Technique(
     profile_keys={"draft_k": ProfileKey("int", low=1, high=64), "kv_cache": ProfileKey("cache"),
                   "batch_size": ProfileKey("int", low=2, high=65_536),
                   "compile_interactions": ProfileKey("bool")},
-    cost=cost, calibrates_reference=True, select=select, space_reads_store=True,
+    cost=cost, shrink=shrink, calibrates_reference=True, select=select, space_reads_store=True,
     device_checks=device_checks, engines=None,
 )
