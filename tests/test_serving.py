@@ -198,6 +198,15 @@ def test_the_section_the_report_and_the_decision_read_the_served_runs(serving_st
     names = {trace.name for trace in figures[serving.TTFT_ID].data}
     assert {"llama_server:q4_1", "llama_server:q4_1+kv8-ggml+draft(q4_1,k=3)+b2"} <= names
     assert "--parallel" in json.dumps(figures[serving.TTFT_ID].data[0].customdata[0])
+    # each stack's bandwidth bound is drawn dashed beside what it served: with its slots full (the most
+    # requests in flight) at the value its run logged, and lower where fewer sequences decode
+    drawn = [t for t in figures[serving.SLOTS_ID].data if t.name.endswith(" roofline")]
+    bounds = {t.name: t.y[list(t.x).index(max(t.x))] for t in drawn}
+    assert all(list(t.y) == sorted(t.y) for t in drawn)
+    predicted = {f"{r.config.stack.label} roofline": r.metrics["roofline_output_tok_per_s"] for r in results.values()
+                 if r.metrics.get("roofline_output_tok_per_s")}
+    assert predicted and bounds == pytest.approx(predicted)
+    assert figures[serving.SLOTS_ID].layout.yaxis.type == "log"
     assert "Poisson" in serving.caption(frame)
     table = "\n".join(serving.report(frame))
     assert f"| {SMOL} | llama_server:q4_1 |" in table

@@ -317,31 +317,7 @@ def grouped_bars(rows: pd.DataFrame, x: str, series: str, y: str, series_order: 
     figure.update_layout(title=title, barmode="group", xaxis_title=x, yaxis_title=y_title,
                          legend_title=series, template=TEMPLATE,
                          margin=dict(l=60, r=20, t=60, b=50), height=420)
-    clip_wild_whiskers(figure)
     return figure
-
-
-WILD_WHISKER = 3.0      # a whisker reaching past this many times the tallest bar is cut at the top
-
-
-def clip_wild_whiskers(figure: go.Figure) -> None:
-    """Bars stay readable when an interval is wider than the chart: two repeats on a busy machine can
-    give a 95 % interval of millions of tok/s, and autorange would draw every bar 1 px tall. The
-    y axis then stops at 1.5x the tallest bar and a note says the cut whiskers run past it."""
-    tallest, top = 0.0, 0.0
-    for trace in figure.data:
-        if trace.type != "bar" or not trace.y:
-            continue
-        ys = [float(v) for v in trace.y]
-        tallest = max(tallest, *ys)
-        error = trace.error_y
-        if error is not None and error.array is not None:
-            top = max(top, *(y + float(e) for y, e in zip(ys, error.array)))
-    if tallest > 0 and top > WILD_WHISKER * tallest:
-        figure.update_yaxes(range=[0, 1.5 * tallest])
-        figure.add_annotation(text="whiskers cut at the top: an interval wider than the chart (few repeats, "
-                                   "noisy timings)", xref="paper", yref="paper", x=1, y=1.02, showarrow=False,
-                              xanchor="right", yanchor="bottom", font=dict(size=10, color="#a33"))
 
 
 def device_names(rows: pd.DataFrame) -> str:

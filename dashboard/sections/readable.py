@@ -153,8 +153,8 @@ def whiskers_within_reason(figure: go.Figure) -> go.Figure:
     values' span (in its scale): the range of its values, padded, and ``CUT_NOTE`` once. A linear axis
     that bars grow along keeps 0 in its range: a bar cut at its base would draw a difference as a ratio
     (and its shape would reach out of the chart, where a pointer meets other elements)."""
-    values = _axis_values(figure)
-    for key in _bar_bases(figure):
+    values, bases = _axis_values(figure), _bar_bases(figure)
+    for key in bases:
         if key in values and figure.layout[key].type != "log":
             values[key] = [*values[key], 0.0]
     cut = False
@@ -169,7 +169,8 @@ def whiskers_within_reason(figure: go.Figure) -> go.Figure:
         span = high - low or (1.0 if axis.type == "log" else abs(high) or 1.0)
         reach = [scale(e) for e in ends if axis.type != "log" or e > 0]
         if reach and max(max(reach) - high, low - min(reach)) > WILD_WHISKER * span:
-            axis.range = [low - 0.1 * span, high + 0.1 * span]
+            floor = 0.0 if key in bases and axis.type != "log" and low >= 0 else low - 0.1 * span
+            axis.range = [floor, high + 0.1 * span]        # bars of positive values stand on the axis
             cut = True
     title = figure.layout.title.text or ""
     if cut and CUT_NOTE not in title:

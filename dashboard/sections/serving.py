@@ -10,7 +10,8 @@ stack:
    knee is where queueing starts;
 2. p95 inter-token latency vs offered rate, the TPOT limit dashed;
 3. goodput (requests per second within both limits) vs offered rate, the offered rate dotted;
-4. output tokens per second vs requests in flight (closed loop): what the parallel slots buy.
+4. output tokens per second vs requests in flight (closed loop): what the parallel slots buy, each
+   stack's decode-only bandwidth bound dashed beside it (``roofline_output_tok_per_s``; log scale).
 
 Hover gives the point's numbers, the server's command line and the run (a click opens it).
 """
@@ -68,7 +69,8 @@ def _hover(part: pd.DataFrame, y_title: str, y: str, fmt: str) -> tuple[list, st
 
 
 def _panel_figure(pts: pd.DataFrame, models: list[str], kind: str, y: str, title: str, y_title: str,
-                  fmt: str, limit: str | None = None, diagonal: bool = False, log_y: bool = False) -> go.Figure:
+                  fmt: str, limit: str | None = None, diagonal: bool = False, log_y: bool = False,
+                  bound: str | None = None) -> go.Figure:
     figure = make_subplots(rows=1, cols=len(models), subplot_titles=models, shared_yaxes=True)
     stacks = sorted(pts["stack"].astype(str).unique())
     colors = {s: COLORS[i % len(COLORS)] for i, s in enumerate(stacks)}
@@ -93,6 +95,8 @@ def _panel_figure(pts: pd.DataFrame, models: list[str], kind: str, y: str, title
                 text=[f"{p} ({'exact' if e else 'largest value: too few requests for this percentile'})"
                       for p, e in zip(part["point"], exact)],
                 customdata=custom, hovertemplate=template), row=1, col=col)
+        if bound and bound in mine.columns and len(mine):
+            _bounds(figure, mine, bound, colors, col)
         if limit and limit in mine.columns and len(mine):
             figure.add_hline(y=float(pd.to_numeric(mine[limit], errors="coerce").max()), line_dash="dash",
                              line_color="#c0392b", row=1, col=col, annotation_text="SLO")
@@ -108,6 +112,40 @@ def _panel_figure(pts: pd.DataFrame, models: list[str], kind: str, y: str, title
     figure.update_layout(title=title, template=TEMPLATE, height=440, legend_title="stack",
                          margin=dict(l=60, r=20, t=80, b=50))
     return figure
+
+
+def _bounds(figure: go.Figure, mine: pd.DataFrame, bound: str, colors: dict, col: int) -> None:
+    """Each stack's predicted bound, dashed beside its measured line: with n requests in flight, min(n,
+    slots) sequences decode, and a step reads the weights once and each one's KV cache at the mean
+    context (``trials.stats.theory``), at the run's logged copy bandwidth; at the slots it is the run's
+    ``bound`` (``roofline_output_tok_per_s``)."""
+    from trials.stats.theory import decode_step_bytes, roofline_tok_per_s
+
+    for run_id, part in mine.groupby("run_id" if "run_id" in mine.columns else "stack", sort=False):
+        run = part.iloc[0].to_dict()
+        number = {k: pd.to_numeric(pd.Series([run.get(k)]), errors="coerce").iloc[0]
+                  for k in (bound, "weights_bytes", "decode_bytes_per_step", "memory_bandwidth_bytes_per_s",
+                            "parallel_slots", "roofline_ratio")}
+        if any(pd.isna(number[k]) for k in (bound, "weights_bytes", "decode_bytes_per_step",
+                                             "memory_bandwidth_bytes_per_s", "parallel_slots")):
+            continue
+        slots = int(number["parallel_slots"])
+        per_slot = (number["decode_bytes_per_step"] - number["weights_bytes"]) / slots
+        levels = sorted(float(v) for v in part["level"].dropna().unique())
+        ys = [roofline_tok_per_s(min(int(n), slots), number["memory_bandwidth_bytes_per_s"],
+                                 decode_step_bytes(number["weights_bytes"], per_slot, 1.0, rows=min(int(n), slots)))
+              for n in levels]
+        served = "" if pd.isna(number["roofline_ratio"]) else \
+            f"<br>most output tok/s served: {number['roofline_ratio']:.0%} of the bound at {slots} slots"
+        figure.add_trace(go.Scatter(
+            name=f"{run['stack']} roofline", legendgroup=str(run["stack"]), showlegend=False,
+            x=levels, y=ys, mode="lines+markers", marker=dict(symbol="line-ew", size=10),
+            line=dict(color=colors.get(run["stack"], "#999"), dash="dash", width=1),
+            hovertemplate=(f"<b>{run['stack']}</b>: bandwidth bound %{{y:.0f}} tok/s at %{{x}} in flight<br>"
+                           f"min(in flight, {slots} slots) sequences decoding: the weights once and each one's KV "
+                           f"cache at the mean context, at this machine's copy bandwidth (prefill and the "
+                           f"server's own work only lower it){served}<extra></extra>")),
+            row=1, col=col)
 
 
 def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
@@ -126,8 +164,9 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
         (GOODPUT_ID, _panel_figure(pts, models, "rate", "goodput_rps", "Goodput (requests/s within the SLO) vs offered rate",
                                    "goodput (req/s)", ".2f", diagonal=True)),
         (SLOTS_ID, _panel_figure(pts, models, "concurrency", "output_tok_per_s",
-                                 "Output tokens/s vs requests in flight (the stack's slots: bN in its name)",
-                                 "output tok/s", ".1f")),
+                                 "Output tokens/s vs requests in flight (the stack's slots: bN in its name; "
+                                 "dashed: its bandwidth bound)", "output tok/s", ".1f",
+                                 bound="roofline_output_tok_per_s", log_y="roofline_output_tok_per_s" in pts.columns)),
     ]
 
 

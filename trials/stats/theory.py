@@ -21,6 +21,13 @@ def leviathan(alpha: float, k: int, cost_ratio: float) -> tuple[float, float]:
     return expected, expected / (k * cost_ratio + 1)
 
 
+def decode_step_bytes(weights_bytes: float, kv_bytes_per_token: float, context_tokens: float,
+                      rows: int = 1) -> float:
+    """Bytes one decode step reads: the weights once, and each of ``rows`` sequences' KV cache at
+    ``context_tokens`` (the roofline's denominator for a single stream and for a server's slots)."""
+    return weights_bytes + rows * kv_bytes_per_token * context_tokens
+
+
 def roofline_tok_per_s(batch: int, bandwidth_bytes_per_s: float, bytes_per_step: float) -> float:
     """The bandwidth bound of decoding: one step reads ``bytes_per_step`` (weights once plus every
     row's KV cache) and emits ``batch`` tokens, so no step beats ``batch · bandwidth / bytes``."""

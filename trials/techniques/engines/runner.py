@@ -21,7 +21,7 @@ from trials.measurement import quality
 from trials.measurement.bandwidth import memory_bandwidth
 from trials.models import loading
 from trials.models.registry import perplexity_method, reference_precision
-from trials.stats.theory import roofline_tok_per_s
+from trials.stats.theory import decode_step_bytes, roofline_tok_per_s
 
 
 def _is_reference(config: TrialConfig) -> bool:
@@ -70,7 +70,7 @@ def _roofline(config: TrialConfig, result: TrialResult) -> None:
     m = result.metrics
     bandwidth, source = memory_bandwidth(config.device, config.config_hash)
     per_token = m["kv_cache_bytes"] / m["kv_cache_tokens"] if m.get("kv_cache_tokens") else 0.0
-    step = m["weights_bytes"] + per_token * (m["prompt_tokens_mean"] + config.workload.max_new_tokens / 2)
+    step = decode_step_bytes(m["weights_bytes"], per_token, m["prompt_tokens_mean"] + config.workload.max_new_tokens / 2)
     m.update(memory_bandwidth_bytes_per_s=bandwidth, decode_bytes_per_step=step,
              roofline_tok_per_s=roofline_tok_per_s(1, bandwidth, step))
     m["roofline_ratio"] = m["tok_per_s"] / m["roofline_tok_per_s"]

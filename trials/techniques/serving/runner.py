@@ -32,7 +32,7 @@ from trials.measurement.environment import environment_tags
 from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
 from trials.measurement.load import PointRun, Request, poisson_arrivals, run_point
 from trials.stats.serving import Slo, saturation_rps, summarize, sustainable
-from trials.stats.theory import roofline_tok_per_s
+from trials.stats.theory import decode_step_bytes, roofline_tok_per_s
 
 log = logging.getLogger(__name__)
 POINT_TIMEOUT_S = 600             # one point; a server slower than this on 20 requests is broken
@@ -141,7 +141,7 @@ def _roofline(config: TrialConfig, metrics: dict, ladder: Ladder) -> dict[str, s
         return {}
     slots = config.stack.batch_size
     context = sum(prompts) / len(prompts) + config.workload.max_new_tokens / 2
-    step = weights + slots * cache / n_ctx * context
+    step = decode_step_bytes(weights, cache / n_ctx, context, rows=slots)
     bandwidth, source = memory_bandwidth(config.device, config.config_hash)
     metrics.update(memory_bandwidth_bytes_per_s=bandwidth, decode_bytes_per_step=step,
                    roofline_output_tok_per_s=roofline_tok_per_s(slots, bandwidth, step))
