@@ -121,13 +121,12 @@ def _bounds(figure: go.Figure, mine: pd.DataFrame, bound: str, colors: dict, col
     ``bound`` (``roofline_output_tok_per_s``)."""
     from trials.stats.theory import decode_step_bytes, roofline_tok_per_s
 
-    for run_id, part in mine.groupby("run_id" if "run_id" in mine.columns else "stack", sort=False):
+    needed = (bound, "weights_bytes", "decode_bytes_per_step", "memory_bandwidth_bytes_per_s", "parallel_slots")
+    for _, part in mine.groupby("run_id" if "run_id" in mine.columns else "stack", sort=False):
         run = part.iloc[0].to_dict()
         number = {k: pd.to_numeric(pd.Series([run.get(k)]), errors="coerce").iloc[0]
-                  for k in (bound, "weights_bytes", "decode_bytes_per_step", "memory_bandwidth_bytes_per_s",
-                            "parallel_slots", "roofline_ratio")}
-        if any(pd.isna(number[k]) for k in (bound, "weights_bytes", "decode_bytes_per_step",
-                                             "memory_bandwidth_bytes_per_s", "parallel_slots")):
+                  for k in (*needed, "roofline_ratio")}
+        if any(pd.isna(number[k]) for k in needed):
             continue
         slots = int(number["parallel_slots"])
         per_slot = (number["decode_bytes_per_step"] - number["weights_bytes"]) / slots
