@@ -29,10 +29,11 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 	@LLM_SWEEPS_LLAMA_CMAKE="$(LLAMA_CPP_CMAKE)" $(PY) -m trials.engines.llama_cpp.tools build
 
-# The sweep converts the real models and trains the zoo itself: the zoo on one core beside the first
-# trials (sweeps/zoo_beside.py), so the store has its first run within minutes of a fresh start.
-run: setup
-	$(PY) sweeps/full.py $(ARGS)
+# The sweep converts the real models, trains the zoo and builds llama.cpp's tools itself, the last two
+# beside the first trials (sweeps/zoo_beside.py, sweeps/setup_beside.py), so the store has its first run
+# within minutes of a fresh start.
+run: $(VENV)/.installed
+	LLM_SWEEPS_LLAMA_CMAKE="$(LLAMA_CPP_CMAKE)" $(PY) sweeps/full.py $(ARGS)
 
 # Debian packages the tests need: headless Chromium for the dashboard, g++ for torch.compile (inductor
 # generates C++ on CPU: the stacks group's compiled decoding).
@@ -52,8 +53,8 @@ test-faults: setup
 	$(PY) -m pytest -m "faults or cold or cluster" $(ARGS); rc=$$?; \
 	  [ $$rc -ne 5 ] || echo "pytest collected no fault tests (exit code 5): that is a failure"; exit $$rc
 
-dashboard: setup
+dashboard: $(VENV)/.installed
 	$(PY) dashboard/app.py $(ARGS)
 
-mlflow-ui: setup
+mlflow-ui: $(VENV)/.installed
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000

@@ -3,7 +3,7 @@ tags, the summary.
 
 On a fresh local machine the zoo trains beside the trials that need no build (``sweeps.zoo_stage``,
 ``sweeps.zoo_beside``), whose first results reach the store while it trains; its own trials follow
-once it is calibrated. Elsewhere the zoo (and every real model) is built first and both stages are
+once it is calibrated. llama.cpp's tools build beside them too (``sweeps.setup_beside``). Elsewhere the zoo (and every real model) is built first and both stages are
 sized at once. Either way one Tune run (``sweeps.launch``) runs both stages.
 """
 
@@ -23,6 +23,7 @@ from sweeps import budget, record
 from sweeps.fitting import FIRST_STAGE, budget_seconds, calibrate, fit_stage, stage_estimate
 from sweeps.launch import collect_outcomes, planned_workers, run_tune, start_local_ray, trial_threads
 from sweeps.plan import ensure_models, finished_configs, flat, is_finished, split_stages, zoo_sets_to_build
+from sweeps.setup_beside import SetupBeside, commands_needed
 from sweeps.sharing import machine_sharing, print_sharing
 from sweeps.spaces import run_order
 from sweeps.summary import Phases, never_ran, print_phases, print_summary, write_summary_json
@@ -37,7 +38,20 @@ INTERRUPTED = 130          # what a shell reports for a command stopped by Ctrl-
 
 def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, started: float, ray_start_s: float,
         left_out: list[str]) -> int:
-    """Size the trials, skip what finished, run the rest on Ray Tune, tag machine sharing, summarize."""
+    """Size the trials, skip what finished, run the rest on Ray Tune, tag machine sharing, summarize;
+    on local Ray, what the planned engines need built here is built beside (``sweeps.setup_beside``)."""
+    commands = commands_needed(flat(trials)) if args.address is None else []
+    setup = SetupBeside(commands)
+    try:
+        return _run(trials, args, device, uri, started, ray_start_s, left_out, setup)
+    finally:
+        if not setup.done():
+            log.info("stopping %s: no trial of this sweep is left to wait for it", setup.what)
+        setup.stop()
+
+
+def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, started: float, ray_start_s: float,
+         left_out: list[str], setup: SetupBeside) -> int:
     from sweeps import cpus
     from sweeps.zoo_beside import ZooBeside
 
@@ -112,8 +126,10 @@ def run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, start
         tracking.deliver_spooled(uri)                    # what a worker spooled while the store was away
         if job is not None and not job.done():           # Tune ended first (Ctrl-C): the build is not waited for
             stop(job, reservation_path)
-        beside = job.window() if job is not None else None            # the zoo's training, if it ran beside
-        sharing = machine_sharing(uri, sweep_id, [beside] if beside else [])
+        for line in setup.finish():
+            print(line, flush=True)
+        beside = [w for w in (job.window() if job is not None else None, setup.window()) if w]
+        sharing = machine_sharing(uri, sweep_id, beside)         # the zoo's training and builds, if they ran beside
     stop(None, reservation_path)
     phases.estimate_s = stage_estimate(budget_s, workers, first, zoo_stage.fitted)
     all_configs = flat(now) + zoo_stage.planned

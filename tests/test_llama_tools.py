@@ -11,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import psutil
 import pytest
@@ -81,6 +83,33 @@ def test_a_damaged_build_is_built_again_and_says_so(built, tmp_path, monkeypatch
     monkeypatch.setattr(tools, "_build", lambda folder, *_: builds.append(folder))   # no real build
     assert tools.tools_dir() == copy and builds == [copy]
     assert "is damaged (llama-server is missing): building again" in capsys.readouterr().err
+
+
+def test_a_caller_that_never_builds_waits_for_a_build_under_way(built, tmp_path, monkeypatch):
+    """A trial's cross-check (``build=False``) that starts while the sweep builds the tools beside it
+    waits on the build's lock and gets the tools; with no build under way it is refused at once."""
+    monkeypatch.setenv(tools.TOOLS_ENV_VAR, str(tmp_path))
+    answer = {}
+
+    def check():
+        try:
+            answer["folder"] = tools.tools_dir(build=False)
+        except Exception as exc:  # noqa: BLE001 - said by the assertion below
+            answer["error"] = exc
+
+    with tools._locked(tmp_path / f".{built.name}.lock"):          # a build under way
+        waiter = threading.Thread(target=check)
+        waiter.start()
+        waiter.join(1.5)
+        assert waiter.is_alive() and not answer, answer
+        shutil.copytree(built, tmp_path / built.name)                # ... that lands
+    waiter.join(60)
+    assert answer == {"folder": tmp_path / built.name}
+    shutil.rmtree(tmp_path / built.name)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="not built; build them with"):
+        tools.tools_dir(build=False)
+    assert time.monotonic() - started < 5
 
 
 def test_a_build_for_instructions_this_cpu_lacks_is_refused_in_one_line(built, tmp_path, monkeypatch):

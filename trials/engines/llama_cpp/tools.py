@@ -11,7 +11,8 @@ flags and binding install (the libraries' folder and sha256; per CPU for a nativ
 ``~/.cache/llm-inference-sweeps/llama-cpp-tools`` (or ``$LLM_SWEEPS_LLAMA_TOOLS_DIR``), with a card:
 version, flags, commands, the libraries linked, each binary's size and sha256, the instruction sets the
 build needs (checked against this CPU on every use) and the build info the tools print. ``make setup``
-builds them; a missing or damaged folder is built again on use.
+builds them, and a local sweep beside its first trials (``sweeps.setup_beside``: the trials that use them
+wait for it); a missing or damaged folder is built again on use.
 
 Usage::
 
@@ -210,19 +211,24 @@ def damage(folder: pathlib.Path) -> str | None:
 def tools_dir(build: bool = True) -> pathlib.Path:
     """The folder holding ``llama-bench`` and ``llama-server`` for the installed binding's version and
     flags, checked against its card; built first where missing or damaged (one process builds, others
-    wait on a file lock). ConfigError where this CPU lacks an instruction set the build needs, or
-    where it is not built and ``build`` is False."""
+    wait on a file lock; with ``build`` False a caller still waits for a build under way). ConfigError
+    where this CPU lacks an instruction set the build needs, or where it is not built and ``build`` is
+    False."""
     version, flags, libs = binding_version(), cmake_flags(), binding_libs()
     _check_cpu(required_instruction_sets(flags), "for these flags")
     linked = linked_libraries(libs)
     folder = tools_root() / build_key(version, flags, libs, linked)
+    lock = folder.parent / f".{folder.name}.lock"
     problem = damage(folder)
+    if problem is not None and not build and lock.exists():
+        with _locked(lock):                  # a build under way (a sweep's, beside its first trials): wait for it
+            problem = damage(folder)
     if problem is not None:
         if not build:
             raise ConfigError(f"llama.cpp's tools in {folder}: {problem}; build them with: "
                               "python -m trials.engines.llama_cpp.tools build")
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(folder.parent / f".{folder.name}.lock"):
+        with _locked(lock):
             problem = damage(folder)         # another process may have built them meanwhile
             if problem is not None:
                 if problem != "not built":

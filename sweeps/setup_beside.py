@@ -1,0 +1,106 @@
+"""Build what the planned engines need on this machine beside the first trials, not before them.
+
+An engine may need something built here before its trials can run in full (``Engine.machine_setup``:
+llama.cpp's ``llama-bench`` and ``llama-server``, 2-4 min of compiling on 2 cores). Built before the
+sweep, that delays every first result; so a local sweep starts each such command in a child process
+of its own (its own session, ``nice`` 10, output to a log file) as it starts, and the trials that use
+it wait for it (``tools_dir``'s file lock) only if they come first. The build's window joins the runs'
+machine-sharing tags, like the zoo's training. ``stop`` ends a build still running (Ctrl-C, an error,
+the sweep's end) with its whole process group: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trials import engines
+from trials.config import TrialConfig
+
+log = logging.getLogger("sweeps")
+NICENESS = 10                 # the trials' timed passes come first when the cores are contended
+STOP_GRACE_S = 10.0           # after SIGINT (a build cleans its scratch folder), before SIGKILL
+
+
+def commands_needed(configs: list[TrialConfig]) -> list[tuple[str, ...]]:
+    """The planned engines' machine setups, each once, in plan order."""
+    needed = dict.fromkeys(engines.get(c.stack.engine).machine_setup for c in configs)
+    return [command for command in needed if command]
+
+
+class SetupBeside:
+    """One child process per setup command, started now; ``finish`` reports, ``stop`` ends them."""
+
+    def __init__(self, commands: list[tuple[str, ...]], log_dir: str | os.PathLike | None = None):
+        self.started = time.time()
+        self.host = socket.gethostname()
+        self.folder = Path(log_dir or tempfile.gettempdir())
+        self.jobs: list[tuple[tuple[str, ...], subprocess.Popen, Path]] = []
+        for command in commands:
+            path = self.folder / f"llm-sweeps-setup-{command[0].rsplit('.', 1)[-1]}-{os.getpid()}.log"
+            with path.open("w") as out:
+                process = subprocess.Popen([sys.executable, "-m", *command], stdin=subprocess.DEVNULL, stdout=out,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+            os.setpriority(os.PRIO_PROCESS, process.pid, NICENESS)     # what it starts inherits it
+            self.jobs.append((command, process, path))
+            log.info("started `python -m %s` beside the first trials (nice %d; the trials that need it wait for "
+                     "it; log: %s)", " ".join(command), NICENESS, path)
+
+    @property
+    def what(self) -> str:
+        return "; ".join(f"`python -m {' '.join(command)}`" for command, _, _ in self.jobs)
+
+    def done(self) -> bool:
+        return all(process.poll() is not None for _, process, _ in self.jobs)
+
+    def finish(self) -> list[str]:
+        """One line per command that ended (its last line, and how long it ran); a failure is logged as
+        a warning: the trials that needed it then say so themselves."""
+        lines = []
+        for command, process, path in self.jobs:
+            if process.poll() is None:
+                continue
+            said = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+            last = said[-1] if said else "no output"
+            line = f"`python -m {' '.join(command)}` beside the trials: {last}"
+            if process.returncode != 0:
+                log.warning("%s (exit code %s; log: %s)", line, process.returncode, path)
+            lines.append(line)
+        return lines
+
+    def window(self) -> tuple[float, float, str, str] | None:
+        """(start, end, host, what) while a command ran, for the runs' machine-sharing tags: it ends
+        with its log's last line (the file's modification time), or now for one still running."""
+        if not self.jobs:
+            return None
+        if not self.done():
+            return (self.started, time.time(), self.host, f"building: {self.what}")
+        ended = max(path.stat().st_mtime for _, _, path in self.jobs)
+        return (self.started, max(ended, self.started), self.host, f"building: {self.what}")
+
+    def stop(self) -> None:
+        """End every command still running: SIGINT to its process group (a build then stops its
+        compilers' own group and removes its scratch folder), SIGKILL after ``STOP_GRACE_S``."""
+        for _, process, _ in self.jobs:
+            if process.poll() is not None:
+                continue
+            _signal_group(process, signal.SIGINT)
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
