@@ -112,6 +112,7 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
     outcomes: list[dict] = []
     sharing: list[float] = []
     if first_pending or later_now or job:
+        setup.start()
         start_local_ray(phases)
         if job is not None:
             job.wait_until_reserved()                    # no trial starts on the zoo's core first

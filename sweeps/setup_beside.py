@@ -3,8 +3,9 @@
 An engine may need something built here before its trials can run in full (``Engine.machine_setup``:
 llama.cpp's ``llama-bench`` and ``llama-server``, 2-4 min of compiling on 2 cores). Built before the
 sweep, that delays every first result; so a local sweep starts each such command in a child process
-of its own (its own session, ``nice`` 10, output to a log file) as it starts, and the trials that use
-it wait for it (``tools_dir``'s file lock) only if they come first. The build's window joins the runs'
+of its own (its own session, ``nice`` 10, output to a log file) as its trials start (after its step
+costs are calibrated, so that a build never inflates them), and the trials that use it wait for it
+(``tools_dir``'s file lock) only if they come first. The build's window joins the runs'
 machine-sharing tags, like the zoo's training. ``stop`` ends a build still running (Ctrl-C, an error,
 the sweep's end) with its whole process group: nothing is left behind.
 """
@@ -36,22 +37,34 @@ def commands_needed(configs: list[TrialConfig]) -> list[tuple[str, ...]]:
 
 
 class SetupBeside:
-    """One child process per setup command, started now; ``finish`` reports, ``stop`` ends them."""
+    """One child process per setup command, from ``start`` (as the trials start: the sweep's calibration
+    runs before, without it); ``finish`` reports, ``stop`` ends them."""
 
     def __init__(self, commands: list[tuple[str, ...]], log_dir: str | os.PathLike | None = None):
+        self.commands = commands
         self.started = time.time()
         self.host = socket.gethostname()
         self.folder = Path(log_dir or tempfile.gettempdir())
         self.jobs: list[tuple[tuple[str, ...], subprocess.Popen, Path]] = []
-        for command in commands:
-            path = self.folder / f"llm-sweeps-setup-{command[0].rsplit('.', 1)[-1]}-{os.getpid()}.log"
+
+    def start(self) -> "SetupBeside":
+        """Start every command (once), each in a session of its own, niced, its output in a log file."""
+        if self.jobs:
+            return self
+        self.started = time.time()
+        for command in self.commands:
+            handle, name = tempfile.mkstemp(prefix=f"llm-sweeps-setup-{command[0].rsplit('.', 1)[-1]}-",
+                                            suffix=".log", dir=self.folder)
+            os.close(handle)
+            path = Path(name)
             with path.open("w") as out:
                 process = subprocess.Popen([sys.executable, "-m", *command], stdin=subprocess.DEVNULL, stdout=out,
                                            stderr=subprocess.STDOUT, start_new_session=True)
             os.setpriority(os.PRIO_PROCESS, process.pid, NICENESS)     # what it starts inherits it
             self.jobs.append((command, process, path))
-            log.info("started `python -m %s` beside the first trials (nice %d; the trials that need it wait for "
-                     "it; log: %s)", " ".join(command), NICENESS, path)
+            log.info("started `python -m %s` beside the trials (nice %d; a trial that needs it waits for it; "
+                     "log: %s)", " ".join(command), NICENESS, path)
+        return self
 
     @property
     def what(self) -> str:
@@ -61,17 +74,19 @@ class SetupBeside:
         return all(process.poll() is not None for _, process, _ in self.jobs)
 
     def finish(self) -> list[str]:
-        """One line per command that ended (its last line, and how long it ran); a failure is logged as
-        a warning: the trials that needed it then say so themselves."""
+        """One line per command that ended: how long it ran, and its log; a failure is a warning with its
+        last line (the trials that needed it then say so themselves)."""
         lines = []
         for command, process, path in self.jobs:
             if process.poll() is None:
                 continue
-            said = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-            last = said[-1] if said else "no output"
-            line = f"`python -m {' '.join(command)}` beside the trials: {last}"
+            took = max(path.stat().st_mtime - self.started, 0.0)
+            line = f"`python -m {' '.join(command)}` beside the trials: done in {took:.0f} s (log: {path})"
             if process.returncode != 0:
-                log.warning("%s (exit code %s; log: %s)", line, process.returncode, path)
+                said = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+                line = (f"`python -m {' '.join(command)}` beside the trials failed (exit code {process.returncode}): "
+                        f"{said[-1] if said else 'no output'} (log: {path})")
+                log.warning("%s", line)
             lines.append(line)
         return lines
 

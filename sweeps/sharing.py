@@ -32,6 +32,6 @@ def print_sharing(sharing: list[float], workers: int) -> None:
         return
     shared = [f for f in sharing if f > 0]
     print(f"Machine sharing: {len(shared)} of {len(sharing)} runs had other work beside their timed passes "
-          f"(another trial's, or the zoo's training; median {100 * sorted(sharing)[len(sharing) // 2]:.0f} % "
+          f"(another trial's, the zoo's training or a build beside them; median {100 * sorted(sharing)[len(sharing) // 2]:.0f} % "
           "of the time; each run's tag shared_machine says which); --workers 1 measures each trial alone "
           f"(the zoo trained first), in about {workers}x the trial time")

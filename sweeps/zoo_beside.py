@@ -90,7 +90,9 @@ class ZooBeside:
         return True
 
     def window(self) -> tuple[float, float, str, str] | None:
-        """(start, end, host, what) of the training and its calibration, for the runs' machine-sharing tags."""
+        """(start, end, host, what) of the training and its calibration, for the runs' machine-sharing tags;
+        for a task that did not return (stopped by Ctrl-C, failed, still running) from its start until now,
+        so that no run that trained beside it reads "ran alone"."""
         if self.result is None:
-            return None
+            return (self.started, time.time(), socket.gethostname(), self.what)
         return (self.result.started, self.result.ended, self.result.host, self.result.what)

@@ -261,3 +261,41 @@ def test_ctrl_c_stops_the_sweep_with_130_and_leaves_no_process(tiny_zoo, tmp_pat
     assert len(tracking.runs_frame(uri, "baseline")) >= 1
     _, alive = psutil.wait_procs(tree, timeout=60)
     assert not alive, [" ".join(p.cmdline()[:3]) for p in alive if p.is_running()]
+
+
+@pytest.mark.faults
+def test_ctrl_c_while_llama_cpps_tools_build_beside_the_trials_leaves_no_process(tiny_zoo, tmp_path):
+    """A sweep that plans llama.cpp trials on a machine without its tools builds them beside its first
+    trials (sweeps.setup_beside); Ctrl-C while the compiler runs: exit 130, and no process of the build
+    (pip, cmake, the compilers) nor of the sweep is left, nor the build's scratch folder."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    root = tmp_path / "tools"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    command = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "engines", "--models", "tiny-gqa",
+               "--budget", "10s", "--tracking-uri", uri, "--storage-path", str(tmp_path / "ray_results")]
+    sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "LLM_SWEEPS_LLAMA_TOOLS_DIR": str(root)})
+    seen, deadline = {}, time.monotonic() + 400
+    while time.monotonic() < deadline and sweep.poll() is None:
+        try:
+            for child in psutil.Process(sweep.pid).children(recursive=True):
+                seen.setdefault(child.pid, (child, child.name()))
+        except psutil.NoSuchProcess:
+            pass
+        if any("cmake" in name for _, name in seen.values()):
+            break
+        time.sleep(0.2)
+    assert sweep.poll() is None, "the sweep ended before its tools' build compiled"
+    assert any("cmake" in name for _, name in seen.values()), "no cmake seen beside the sweep"
+    sweep.send_signal(signal.SIGINT)
+    out, _ = sweep.communicate(timeout=300)
+    assert sweep.returncode == 130, out[-3000:]
+    assert "started `python -m trials.engines.llama_cpp.tools build` beside the trials" in out, out[-3000:]
+    _, alive = psutil.wait_procs([p for p, _ in seen.values()], timeout=60)
+    assert not alive, [name for p, name in seen.values() if p in alive]
+    assert not [p for p in root.iterdir() if p.is_dir()], list(root.iterdir())

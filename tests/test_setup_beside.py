@@ -26,18 +26,23 @@ def test_a_plan_needs_llama_cpps_tools_once_where_an_engine_of_it_is_planned():
 
 def test_a_setup_runs_niced_and_reports_its_last_line_and_its_window(tmp_path):
     before = time.time()
-    setup = SetupBeside([("timeit", "-n", "1", "-r", "1", "import time; time.sleep(2)")], tmp_path)
+    setup = SetupBeside([("timeit", "-n", "1", "-r", "1", "import time; time.sleep(2)")], tmp_path).start()
     (_, process, log), = setup.jobs
     assert psutil.Process(process.pid).nice() == NICENESS
     assert not setup.done() and setup.window()[1] >= setup.window()[0]
     process.wait(timeout=60)
     assert setup.done()
     line, = setup.finish()
-    assert line.startswith("`python -m timeit -n 1 -r 1") and "per loop" in line, line
+    assert line.startswith("`python -m timeit -n 1 -r 1") and f"done in 2 s (log: {log})" in line, line
+    assert "per loop" in log.read_text()
     start, end, host, what = setup.window()
     assert before <= start < end <= time.time() and end - start >= 1.5
     assert what.startswith("building: `python -m timeit") and host == os.uname().nodename
     setup.stop()                                  # ended already: nothing to do
+    failing = SetupBeside([("json.tool", "/no/such/file.json")], tmp_path).start()
+    failing.jobs[0][1].wait(timeout=60)
+    line, = failing.finish()
+    assert "failed (exit code 2)" in line and "No such file" in line, line
 
 
 @pytest.mark.faults
@@ -45,7 +50,7 @@ def test_a_build_stopped_midway_leaves_no_process_and_no_scratch_folder(tmp_path
     """The real build of llama.cpp's tools into an empty cache root, stopped once its compiler runs:
     every process it started (pip, cmake, the compilers) is gone, and so is its scratch folder."""
     monkeypatch.setenv(tools.TOOLS_ENV_VAR, str(tmp_path / "tools"))
-    setup = SetupBeside([TOOLS], tmp_path)
+    setup = SetupBeside([TOOLS], tmp_path).start()
     (_, process, log), = setup.jobs
     seen, deadline = {}, time.monotonic() + 300         # pid -> (process, its name when seen)
     try:
