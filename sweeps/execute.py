@@ -3,8 +3,9 @@ tags, the summary.
 
 On a fresh local machine the zoo trains beside the trials that need no build (``sweeps.zoo_stage``,
 ``sweeps.zoo_beside``), whose first results reach the store while it trains; its own trials follow
-once it is calibrated. llama.cpp's tools build beside them too (``sweeps.setup_beside``). Elsewhere the zoo (and every real model) is built first and both stages are
-sized at once. Either way one Tune run (``sweeps.launch``) runs both stages.
+once it is calibrated; llama.cpp's tools build beside the trials too (``sweeps.setup_beside``).
+Elsewhere the zoo (and every real model) is built first and both stages are sized at once. Either way
+one Tune run (``sweeps.launch``) runs both stages.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
         phase = time.perf_counter()
         results, printer = run_tune(first_pending + (later_now or []), None if later_now is not None else zoo_stage,
                                     args, uri, sweep_id, device, stage_estimate(budget_s, workers, first, zoo_stage.fitted),
-                                    reservation_path, job)
+                                    reservation_path, job, setup)
         phases.tune_s = time.perf_counter() - phase
         if printer.first_finished is not None:
             phases.first_finished_s = printer.first_finished - started

@@ -146,9 +146,10 @@ def first_run_hint(uri: str) -> str:
 
 
 def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, device: str,
-             estimate_s: float | None = None, reservation_path: str | None = None, job=None):
+             estimate_s: float | None = None, reservation_path: str | None = None, job=None, setup=None):
     """One Tune run: ``configs`` in order, then what ``later`` (a ``ZooStage``) hands out once it can.
-    Returns (Tune's results, the progress printer)."""
+    The zoo's training (``job``) and a build beside the trials (``setup``, a ``SetupBeside``) are said
+    among what runs until they end. Returns (Tune's results, the progress printer)."""
     from ray import tune
 
     from sweeps import cpus
@@ -162,11 +163,17 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
     waiting = len(later.planned) if later is not None else 0
     log.info("running %d trials%s, %d at a time, each with %s", len(configs),
              f" (then the zoo's {waiting})" if later is not None else "", workers, resources)
+    watches = [later.poll] if later is not None else []      # polled about once a second
+
+    def watch() -> None:
+        for each in watches:
+            each()
     printer = ProgressPrinter(len(configs) + waiting, estimate_s, first_run_hint(uri),
-                              functools.partial(tracking.write_live, uri, sweep_id),
-                              watch=later.poll if later is not None else None)
+                              functools.partial(tracking.write_live, uri, sweep_id), watch=watch)
     if job is not None:
         printer.running[job.what] = job.started      # said in the heartbeat and on the dashboard
+    if setup is not None and not setup.done():
+        watches.append(setup.said_by(printer))
     if later is not None:
         def zoo_trials_known(count: int, estimate_s: float | None) -> None:
             if job is not None:

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from trials import engines
 from trials.config import TrialConfig
@@ -46,6 +47,7 @@ class SetupBeside:
         self.host = socket.gethostname()
         self.folder = Path(log_dir or tempfile.gettempdir())
         self.jobs: list[tuple[tuple[str, ...], subprocess.Popen, Path]] = []
+        self.reported: set[int] = set()           # the commands ``finish`` has said
 
     def start(self) -> "SetupBeside":
         """Start every command (once), each in a session of its own, niced, its output in a log file."""
@@ -74,12 +76,13 @@ class SetupBeside:
         return all(process.poll() is not None for _, process, _ in self.jobs)
 
     def finish(self) -> list[str]:
-        """One line per command that ended: how long it ran, and its log; a failure is a warning with its
-        last line (the trials that needed it then say so themselves)."""
+        """One line per command that ended since the last call: how long it ran, and its log; a failure
+        is a warning with its last line (the trials that needed it then say so themselves)."""
         lines = []
         for command, process, path in self.jobs:
-            if process.poll() is None:
+            if process.poll() is None or process.pid in self.reported:
                 continue
+            self.reported.add(process.pid)
             took = max(path.stat().st_mtime - self.started, 0.0)
             line = f"`python -m {' '.join(command)}` beside the trials: done in {took:.0f} s (log: {path})"
             if process.returncode != 0:
@@ -89,6 +92,19 @@ class SetupBeside:
                 log.warning("%s", line)
             lines.append(line)
         return lines
+
+    def said_by(self, printer) -> Callable[[], None]:
+        """Put the commands among what ``printer`` (a ``ProgressPrinter``) says runs, in its heartbeat and
+        on the dashboard; returns the poll that takes them off when they end, saying how they ended."""
+        building = f"building: {self.what}"
+        printer.running[building] = self.started
+
+        def poll() -> None:
+            if building in printer.running and self.done():
+                printer.running.pop(building)
+                for line in self.finish():
+                    printer.say(line)
+        return poll
 
     def window(self) -> tuple[float, float, str, str] | None:
         """(start, end, host, what) while a command ran, for the runs' machine-sharing tags: it ends

@@ -3,6 +3,7 @@
 its niceness, and a build stopped midway (Ctrl-C, the sweep's end) leaving no process behind."""
 
 import os
+import re
 import time
 
 import psutil
@@ -33,8 +34,9 @@ def test_a_setup_runs_niced_and_reports_its_last_line_and_its_window(tmp_path):
     process.wait(timeout=60)
     assert setup.done()
     line, = setup.finish()
-    assert line.startswith("`python -m timeit -n 1 -r 1") and f"done in 2 s (log: {log})" in line, line
+    assert line.startswith("`python -m timeit -n 1 -r 1") and re.search(rf"done in \d+ s \(log: {log}\)$", line), line
     assert "per loop" in log.read_text()
+    assert setup.finish() == []                   # said once
     start, end, host, what = setup.window()
     assert before <= start < end <= time.time() and end - start >= 1.5
     assert what.startswith("building: `python -m timeit") and host == os.uname().nodename
@@ -43,6 +45,24 @@ def test_a_setup_runs_niced_and_reports_its_last_line_and_its_window(tmp_path):
     failing.jobs[0][1].wait(timeout=60)
     line, = failing.finish()
     assert "failed (exit code 2)" in line and "No such file" in line, line
+
+
+def test_a_running_setup_is_said_among_what_runs_until_it_ends(tmp_path, capsys):
+    from sweeps.progress import ProgressPrinter
+
+    printer = ProgressPrinter(total=1)
+    setup = SetupBeside([("timeit", "-n", "1", "-r", "1", "import time; time.sleep(1)")], tmp_path).start()
+    poll = setup.said_by(printer)
+    building = "building: `python -m timeit -n 1 -r 1 import time; time.sleep(1)`"
+    assert list(printer.running) == [building]
+    poll()
+    assert list(printer.running) == [building]            # still running
+    setup.jobs[0][1].wait(timeout=60)
+    poll()
+    assert printer.running == {}
+    assert re.search(r"beside the trials: done in \d+ s \(log: ", capsys.readouterr().out)
+    poll()
+    assert "done in" not in capsys.readouterr().out          # said once
 
 
 @pytest.mark.faults
