@@ -68,6 +68,10 @@ class SetupBeside:
                      "log: %s)", " ".join(command), NICENESS, path)
         return self
 
+    def __getstate__(self) -> dict:
+        """A copy (Ray Tune pickles its callbacks, the heartbeat's poll of this among them) owns no process."""
+        return {**self.__dict__, "jobs": []}
+
     @property
     def what(self) -> str:
         return "; ".join(f"`python -m {' '.join(command)}`" for command, _, _ in self.jobs)

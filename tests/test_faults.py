@@ -290,7 +290,7 @@ def test_ctrl_c_while_llama_cpps_tools_build_beside_the_trials_leaves_no_process
         if any("cmake" in name for _, name in seen.values()):
             break
         time.sleep(0.2)
-    assert sweep.poll() is None, "the sweep ended before its tools' build compiled"
+    assert sweep.poll() is None, "the sweep ended before its tools' build compiled: " + sweep.communicate()[0][-3000:]
     assert any("cmake" in name for _, name in seen.values()), "no cmake seen beside the sweep"
     sweep.send_signal(signal.SIGINT)
     out, _ = sweep.communicate(timeout=300)

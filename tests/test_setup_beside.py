@@ -48,11 +48,15 @@ def test_a_setup_runs_niced_and_reports_its_last_line_and_its_window(tmp_path):
 
 
 def test_a_running_setup_is_said_among_what_runs_until_it_ends(tmp_path, capsys):
+    from ray import cloudpickle
+
     from sweeps.progress import ProgressPrinter
 
     printer = ProgressPrinter(total=1)
     setup = SetupBeside([("timeit", "-n", "1", "-r", "1", "import time; time.sleep(1)")], tmp_path).start()
     poll = setup.said_by(printer)
+    printer.watch = poll                                   # as run_tune polls it
+    assert cloudpickle.loads(cloudpickle.dumps(printer)).running == printer.running   # Tune pickles its callbacks
     building = "building: `python -m timeit -n 1 -r 1 import time; time.sleep(1)`"
     assert list(printer.running) == [building]
     poll()
