@@ -25,10 +25,10 @@ from typing import Callable
 
 from trials import engines
 from trials.config import TrialConfig
+from trials.engines import server_process
 
 log = logging.getLogger("sweeps")
 NICENESS = 10                 # the trials' timed passes come first when the cores are contended
-STOP_GRACE_S = 10.0           # after SIGINT (a build cleans its scratch folder), before SIGKILL
 
 
 def commands_needed(configs: list[TrialConfig]) -> list[tuple[str, ...]]:
@@ -90,7 +90,7 @@ class SetupBeside:
             took = max(path.stat().st_mtime - self.started, 0.0)
             line = f"`python -m {' '.join(command)}` beside the trials: done in {took:.0f} s (log: {path})"
             if process.returncode != 0:
-                said = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+                said = [text.strip() for text in path.read_text(errors="replace").splitlines() if text.strip()]
                 line = (f"`python -m {' '.join(command)}` beside the trials failed (exit code {process.returncode}): "
                         f"{said[-1] if said else 'no output'} (log: {path})")
                 log.warning("%s", line)
@@ -122,20 +122,10 @@ class SetupBeside:
 
     def stop(self) -> None:
         """End every command still running: SIGINT to its process group (a build then stops its
-        compilers' own group and removes its scratch folder), SIGKILL after ``STOP_GRACE_S``."""
-        for _, process, _ in self.jobs:
-            if process.poll() is not None:
-                continue
-            _signal_group(process, signal.SIGINT)
-            try:
-                process.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
-                process.wait()
-
-
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+        compilers' own group and removes its scratch folder), SIGKILL after ``STOP_TIMEOUT_S``."""
+        for command, process, _ in self.jobs:
+            if process.poll() is None:
+                try:
+                    server_process.stop(f"`python -m {' '.join(command)}`", process, first=signal.SIGINT)
+                except server_process.ServerError as exc:
+                    log.warning("%s", exc)

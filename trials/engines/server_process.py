@@ -117,10 +117,11 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def stop(name: str, process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after ``STOP_TIMEOUT_S``, until no process of the
-    group is left (``ServerError`` if one still is after SIGKILL)."""
-    for sent in (signal.SIGTERM, signal.SIGKILL):
+def stop(name: str, process: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
+    """``first`` (SIGTERM; SIGINT for a Python child that cleans up on KeyboardInterrupt) to the server's
+    process group, SIGKILL after ``STOP_TIMEOUT_S``, until no process of the group is left (``ServerError``
+    if one still is after SIGKILL)."""
+    for sent in (first, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sent)
         deadline = time.monotonic() + STOP_TIMEOUT_S

@@ -15,6 +15,7 @@ NAME = "llama_cpp"
 GGUF_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q4_k_m")
 KV_TYPES = {16: "f16", 8: "q8_0", 4: "q4_0"}          # kv_bits -> ggml type of K and V
 GGML_BLOCK = 32                                       # elements per block of q8_0 and q4_0
+TOOLS_BUILD = ("trials.engines.llama_cpp.tools", "build")   # llama-bench and llama-server (``Engine.machine_setup``)
 BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / GGML_BLOCK, "q4_0": 18 / GGML_BLOCK}   # a block: scale + values
 
 
@@ -61,7 +62,7 @@ SPEC = Engine(NAME, "llama.cpp (llama-cpp-python)", GGUF_TYPES, {"ggml": (8, 4)}
               devices=("cpu",), model_refusal=model_refusal, shipped=shipped, color="#EF553B",
               weight_word="GGUF weights", version_tag="llama_cpp_python",
               benchmark="llama-bench", benchmark_ratio="llama_bench_tg_ratio",
-              machine_setup=("trials.engines.llama_cpp.tools", "build"),
+              machine_setup=TOOLS_BUILD,
               caption="fed the transformers tokenizer's ids (tokenizer_parity says where its own tokenizer "
                       "agrees), flash attention on, its KV bytes computed from ggml block sizes; its GGUF types "
                       "made by llama.cpp's converter (F16) and quantizer from each model's HF folder, beside a "

@@ -12,7 +12,7 @@ differ only in how requests arrive. Every argument of the command line is derive
 ``backend.server_arguments``: the one description both run and shown.
 """
 
-from trials.engines.llama_cpp.spec import GGUF_TYPES, model_refusal, shipped
+from trials.engines.llama_cpp.spec import GGUF_TYPES, TOOLS_BUILD, model_refusal, shipped
 from trials.engines.spec import Engine
 
 NAME = "llama_server"
@@ -36,7 +36,7 @@ SPEC = Engine(NAME, "llama.cpp server (llama-server)", GGUF_TYPES, {"ggml": (8, 
               proposers=("prompt_lookup", "draft"), devices=("cpu",), model_refusal=model_refusal, shipped=shipped,
               color="#00CC96", weight_word="GGUF weights", version_tag="llama_server_build",
               serves=True, builds_on=("llama_cpp",),
-              machine_setup=("trials.engines.llama_cpp.tools", "build"),
+              machine_setup=TOOLS_BUILD,
               caption="llama.cpp's own server (llama-server, built from the binding's source with the same flags) on "
                       "127.0.0.1, continuous batching over its parallel slots, fed the transformers tokenizer's ids "
                       "of the project's prompts, greedy with end-of-sequence suppressed, prompt cache off.")
