@@ -3,24 +3,24 @@
 Why: the same plan takes 35 minutes on a CPU with native bf16 and many hours on an AVX2-only one,
 where a bf16 step is ~20x slower. So before a sweep starts, the driver measures what a step costs
 here (``calibrate``: per model and precision, one prefill and a few decode steps at batch 1 on the
-threads a trial gets), estimates each planned trial from its workload (``trial_seconds``: decode
-steps and prefill tokens, counted the way the group's runner generates, plus reference runs a worker
-makes once), and when the total exceeds ``--budget`` shrinks the workloads (``fit``):
+threads a trial gets; a zoo model not trained yet is timed as its recipe's architecture with random
+weights, ``trials.models.zoo.stand_in``, so the whole plan is sized before the first trial), estimates
+each planned trial from its workload (``trial_seconds``: decode steps and prefill tokens, counted the
+way the group's runner generates, plus reference runs a worker makes once), and when the total
+exceeds ``--budget`` shrinks the workloads (``fit``):
 
 * by one global *level* for every trial, each level halving new tokens, prompts per type (and
   perplexity windows) or taking one repeat away, down to floors (``MIN_NEW_TOKENS``, one prompt per
   type, ``MIN_REPEATS`` repeats, so a 95 % interval is still worth drawing: with 3 repeats t is
-  4.30, with 2 it is 12.71 and a tok/s interval spans orders of magnitude). Never the set of trials: every
-  chart keeps every bar, with less data behind it.
+  4.30, with 2 it is 12.71 and a tok/s interval spans orders of magnitude).
 * trials in a precision this device only emulates (bf16 on an AVX2 CPU) shrink further, each to at
   most ``emulated_cap_s``, so that the bar stays on the chart, measured honestly, without taking
   the budget of the rest. Their runs carry ``precision_native=False``.
 
-In stages: the trials whose models need no build (real models, converted in seconds; a user's own)
-start while the zoo trains (``sweeps.zoo_beside``), so they are fitted first, to the budget's share by
-trial count (``first_stage_budget``), and the zoo's trials, fitted once the zoo is built and
-calibrated, get what the first stage's estimate leaves (``later_stage_budget``). Always in these
-stages, built zoo or not, so the same machine always plans the same configs.
+The estimate is in worker-seconds: a trial that holds its node (a server and its load generator)
+takes every worker's share. Past the floors, ``sweeps.deferral`` defers the lowest-priority trials
+to the next run; the level is chosen from the whole plan, never from what is left of it, so a rerun
+on the same store plans the same configs and runs exactly what was deferred.
 
 Calibrations are cached per machine and per purpose (``cache_file``: the main job's
 ``~/.cache/llm-inference-sweeps/calibration.json``, or ``$LLM_SWEEPS_CALIBRATION``; a sweep file's
@@ -30,8 +30,8 @@ threads and the model's identity), and each sweep keeps the step costs it used i
 same configs (same ``config_hash``) and skips finished ones instead of measuring again what a
 slightly different calibration would have chosen. ``--recalibrate`` measures afresh.
 
-The estimate is a model, not a measurement: the sweep prints it before it starts and the
-measured time when it ends, so the two can be compared.
+The estimate is a model, not a measurement: the sweep prints it before it starts and, per group,
+beside the measured time when it ends.
 """
 
 from __future__ import annotations
@@ -195,6 +195,16 @@ def measure_step_cost(model: ModelEntry, precision: str, device: str) -> StepCos
                     load_s=loaded.load_s, measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
+def _measure(model: ModelEntry, precision: str, device: str) -> StepCost:
+    """``measure_step_cost``, on a zoo model's random-weight stand-in while it is not trained yet."""
+    if model.source != "zoo" or zoo.is_built(model.location):
+        return measure_step_cost(model, precision, device)
+    from trials.models.zoo.stand_in import stand_in
+
+    with stand_in(model.location) as folder:
+        return measure_step_cost(replace(model, source="local", location=str(folder)), precision, device)
+
+
 def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, recalibrate: bool = False,
               cache: Path | None = None, recorded: dict | None = None,
               measure: bool = True) -> dict[tuple[str, str], StepCost]:
@@ -230,7 +240,7 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, rec
     try:
         for i, (model, precision) in enumerate(todo, 1):
             try:
-                cost = measure_step_cost(model, precision, device)
+                cost = _measure(model, precision, device)
             except (ConfigError, ImportError) as exc:
                 log.info("  [%d/%d] %s %s: not calibrated (%s)", i, len(todo), model.name, precision,
                          str(exc).splitlines()[0])
@@ -356,9 +366,34 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
     return total + estimate.once(("load", config.model, precision), cost.load_s)
 
 
-def estimate_seconds(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost]) -> float:
+def trial_estimates(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost]) -> dict[str, float]:
+    """Each trial's estimated seconds by ``config_hash``, in plan order (a reference a worker measures
+    once is counted in the first trial that needs it)."""
     references: set = set()
-    return sum(trial_seconds(c, costs, references) for c in configs)
+    return {c.config_hash: trial_seconds(c, costs, references) for c in configs}
+
+
+def estimate_seconds(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost], workers: int = 1) -> float:
+    """The trials' worker-seconds: each trial's estimate, on every worker for a trial that holds its node."""
+    estimates = trial_estimates(configs, costs)
+    return sum(estimates[c.config_hash] * (workers if groups.get(c.group).holds_node else 1) for c in configs)
+
+
+def zoo_build_seconds(set_names: list[str], costs: dict[tuple[str, str], StepCost]) -> float:
+    """What training the zoo's ``set_names`` beside the trials takes of one core, estimated from the
+    recipes' tokens and the calibrated prefill cost per token (a training step is ~3 forward passes,
+    a distilled draft's also runs its teacher's forward); the summary prints what it took."""
+    precision = zoo.train_precision()
+    total = 0.0
+    for name in (n for set_name in set_names for n in zoo.ZOO_SETS[set_name]):
+        recipe = zoo.RECIPES[name]
+        own = costs.get((name, precision)) or costs.get((name, "fp32"))
+        if own is None:
+            continue
+        teacher = costs.get((recipe.distill_from, precision)) or costs.get((recipe.distill_from, "fp32"))
+        per_token = 3 * own.prefill_token_s + (teacher.prefill_token_s if teacher else 0.0)
+        total += recipe.train_steps * recipe.batch_size * recipe.seq_len * per_token
+    return total
 
 
 # ------------------------------------------------------------------------------ shrinking
@@ -386,7 +421,7 @@ class Fit:
 
     configs: list[TrialConfig]
     level: int
-    estimate_s: float            # all trials, summed (one worker's worth of time)
+    estimate_s: float            # all trials' worker-seconds (``estimate_seconds``)
     unscaled_s: float
     budget_s: float | None
     emulated: list[tuple[TrialConfig, int, float]]   # (config, its own level, its estimate)
@@ -406,10 +441,11 @@ class Fit:
 def fit(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost], budget_s: float | None,
         workers: int, emulated_cap_s: float | None = None) -> Fit:
     """Shrink the workloads (one level for all, more for emulated precisions) to fit ``budget_s``
-    of wall time on ``workers`` parallel trials. The set of trials never changes."""
+    of wall time on ``workers`` parallel trials. The set of trials never changes here: past the
+    floors, ``sweeps.deferral`` chooses which of them wait for the next run."""
     from trials.measurement.hardware import precision_is_native
 
-    unscaled = estimate_seconds(configs, costs)
+    unscaled = estimate_seconds(configs, costs, workers)
     if budget_s is None:
         return Fit(list(configs), 0, unscaled, unscaled, None, [])
     cap = emulated_cap_s if emulated_cap_s is not None else max(20.0, budget_s / 60)
@@ -431,25 +467,10 @@ def fit(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost], budg
 
     for level in range(len(LEVELS)):
         shrunk, emulated = at(level)
-        total = estimate_seconds(shrunk, costs)
+        total = estimate_seconds(shrunk, costs, workers)
         if total / max(1, workers) <= budget_s or level == len(LEVELS) - 1:
             return Fit(shrunk, level, total, unscaled, budget_s, emulated)
     raise AssertionError("unreachable")
-
-
-def first_stage_budget(budget_s: float | None, first: int, total: int) -> float | None:
-    """The first stage's wall time: the budget's share by trial count (all of it for one stage)."""
-    if budget_s is None or total == 0:
-        return budget_s
-    return budget_s * first / total
-
-
-def later_stage_budget(budget_s: float | None, first: Fit | None, workers: int) -> float | None:
-    """What the first stage's estimate left of the budget (at least a second: the floors then)."""
-    if budget_s is None:
-        return None
-    used = first.estimate_s / max(1, workers) if first is not None else 0.0
-    return max(1.0, budget_s - used)
 
 
 def parse_budget(text: str) -> float | None:

@@ -1,11 +1,14 @@
-"""Execute a planned sweep: models, calibration and sizing, skipping, the Tune run, machine-sharing
-tags, the summary.
+"""Execute a planned sweep: models, calibration and sizing, skipping and deferral, the Tune run,
+machine-sharing tags, the summary.
 
-On a fresh local machine the zoo trains beside the trials that need no build (``sweeps.zoo_stage``,
-``sweeps.zoo_beside``), whose first results reach the store while it trains; its own trials follow
-once it is calibrated; llama.cpp's tools build beside the trials too (``sweeps.setup_beside``).
-Elsewhere the zoo (and every real model) is built first and both stages are sized at once. Either way
-one Tune run (``sweeps.launch``) runs both stages.
+The whole plan is sized before the first trial (a zoo model not trained yet is calibrated as its
+architecture with random weights), and this run's share is chosen once: what finished is skipped,
+what does not fit the budget beside the work next to the trials is deferred (``sweeps.fitting``,
+``sweeps.deferral``). On a fresh local machine the zoo trains beside the trials that need no build
+(``sweeps.zoo_stage``, ``sweeps.zoo_beside``), whose first results reach the store while it trains;
+its own trials join the queue once it is built; llama.cpp's tools build beside the trials too
+(``sweeps.setup_beside``). One Tune run (``sweeps.launch``) runs both, and stops starting trials
+that would end past the budget (``Deadline``).
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ from collections import Counter
 from pathlib import Path
 
 import tracking
-from sweeps import budget, record
-from sweeps.fitting import FIRST_STAGE, budget_seconds, calibrate, fit_stage, stage_estimate
+from sweeps import record
+from sweeps.deferral import Deadline, describe_deferred
+from sweeps.fitting import AGAIN, beside_work, budget_seconds, calibrate, plan_run, size_plan
 from sweeps.launch import collect_outcomes, planned_workers, run_tune, start_local_ray, trial_threads
 from sweeps.plan import ensure_models, finished_configs, flat, is_finished, split_stages, zoo_sets_to_build
 from sweeps.setup_beside import SetupBeside, commands_needed
 from sweeps.sharing import machine_sharing, print_sharing
-from sweeps.spaces import run_order
-from sweeps.summary import Phases, never_ran, print_phases, print_summary, write_summary_json
+from sweeps.summary import Phases, estimated_and_measured, never_ran, print_estimates, print_phases, print_summary, write_summary_json
 from sweeps.zoo_stage import ZooStage, stop, trains_beside
 from trials.config import TrialConfig
 from trials.errors import ConfigError
@@ -57,24 +60,17 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
     from sweeps.zoo_beside import ZooBeside
 
     phases = Phases(started, ray_start_s)
-    now, later = split_stages(trials)
     budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
     sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     sizing = record.read(uri, args, budget_s)       # the step costs this store's earlier sweeps used
-
-    def keep_record() -> None:
-        record.write(uri, sizing, sweep_id, args, device, workers)
-
-    zoo_sets = zoo_sets_to_build(flat(later))
+    zoo_sets = zoo_sets_to_build(flat(split_stages(trials)[1]))
     job = None
     reservation_path = None
     try:
-        if trains_beside(args, device, zoo_sets, flat(now)):
+        if trains_beside(args, device, zoo_sets, flat(split_stages(trials)[0])):
             start_local_ray(phases)
             reservation_path = str(Path(tempfile.gettempdir()) / f"llm-sweeps-{sweep_id}-cpus.json")
-            pairs = budget.pairs_needed(flat(later)) if budget_s is not None else set()
-            job = ZooBeside(zoo_sets, pairs, device, trial_threads(args, device), reservation_path,
-                            dict(cache=sizing.file, recorded=sizing.recorded, recalibrate=args.recalibrate))
+            job = ZooBeside(zoo_sets, set(), device, trial_threads(args, device), reservation_path, {})
             log.info("%s, beside the trials whose models need no build", job.what)
             phases.zoo_beside = job.what
             away = cpus.away_from(job.cpus)
@@ -82,45 +78,44 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
             away = contextlib.nullcontext()
         with away:
             phase = time.perf_counter()
-            ensure_models(flat(now) if job else flat(trials))
+            ensure_models(flat(split_stages(trials)[0]) if job else flat(trials))
             if job:
                 phases.models_s = time.perf_counter() - phase     # the real models' conversion
             else:
                 phases.zoo_s = time.perf_counter() - phase        # the zoo's build too
             phase = time.perf_counter()
-            costs = calibrate(now if job else trials, args, device, sizing) if budget_s is not None else {}
+            costs = calibrate(trials, args, device, sizing) if budget_s is not None else {}
             phases.calibrate_s = time.perf_counter() - phase
     except ConfigError as exc:
         print(f"python sweeps/full.py: error: {one_line(exc)}", file=sys.stderr)
         stop(job, reservation_path)
         return 2
-    now, first = fit_stage(now, costs, budget.first_stage_budget(budget_s, len(flat(now)), len(flat(trials))),
-                           device, workers, FIRST_STAGE) if budget_s is not None else (now, None)
-    zoo_stage = ZooStage(later, args, uri, device, workers, first, costs, job, phases, sizing,
-                         keep_record if job else None)
-    first_done = finished_configs(now, args, uri)
-    first_pending = run_order([c for c in flat(now) if not is_finished(c, first_done)])
-    skipped_first = Counter(c.group for c in flat(now) if is_finished(c, first_done))
-    later_now = None if job else zoo_stage()                   # sized at once where nothing trains
+    trials, fitted = size_plan(trials, costs, args, device)
+    done = finished_configs(trials, args, uri)
+    beside = beside_work(zoo_sets if job is not None else [], costs, setup) if budget_s is not None else {}
+    chosen = plan_run(trials, costs, done, args, device, beside)
+    now, later = split_stages({"all": chosen.run}) if job is not None else ({"all": chosen.run}, {"all": []})
+    zoo_stage = ZooStage(later["all"], job, phases)
+    skipped = Counter(c.group for c in flat(trials) if is_finished(c, done))
     tracking.prepare_store(uri)
-    keep_record()                                    # before any trial: a rerun sizes them the same way
+    record.write(uri, sizing, sweep_id, args, device, workers, deferred=chosen.per_group(chosen.deferred))
     record.say_what_is_measured_again(sizing, args)
-    log.info("sweep %s: %d trials planned, %d to run now%s, %d already finished (skipped)", sweep_id,
-             len(flat(trials)), len(first_pending) + len(later_now or []),
-             f", the zoo's {len(flat(later))} once it is built" if job else "",
-             sum(skipped_first.values()) + sum(zoo_stage.skipped.values()))
-
+    log.info("sweep %s: %d trials planned, %d to run%s, %d already finished (skipped), %d deferred to the next run",
+             sweep_id, len(flat(trials)), len(chosen.run),
+             f" (the zoo's {len(later['all'])} once it is built)" if job else "",
+             sum(skipped.values()), len(chosen.deferred))
+    deadline = Deadline(None if chosen.capacity_s is None else budget_s, chosen.seconds, workers)
+    first_pending = now["all"]
     outcomes: list[dict] = []
     sharing: list[float] = []
-    if first_pending or later_now or job:
+    if first_pending or zoo_stage.pending or job:
         setup.start()
         start_local_ray(phases)
         if job is not None:
             job.wait_until_reserved()                    # no trial starts on the zoo's core first
         phase = time.perf_counter()
-        results, printer = run_tune(first_pending + (later_now or []), None if later_now is not None else zoo_stage,
-                                    args, uri, sweep_id, device, stage_estimate(budget_s, workers, first, zoo_stage.fitted),
-                                    reservation_path, job, setup)
+        results, printer = run_tune(first_pending, zoo_stage if job is not None else None, args, uri, sweep_id,
+                                    device, deadline, reservation_path, job, setup)
         phases.tune_s = time.perf_counter() - phase
         if printer.first_finished is not None:
             phases.first_finished_s = printer.first_finished - started
@@ -130,15 +125,22 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
             stop(job, reservation_path)
         for line in setup.finish():
             print(line, flush=True)
-        beside = [w for w in (job.window() if job is not None else None, setup.window()) if w]
-        sharing = machine_sharing(uri, sweep_id, beside)         # the zoo's training and builds, if they ran beside
+        beside_windows = [w for w in (job.window() if job is not None else None, setup.window()) if w]
+        sharing = machine_sharing(uri, sweep_id, beside_windows)   # the zoo's training and builds, if they ran beside
     stop(None, reservation_path)
-    phases.estimate_s = stage_estimate(budget_s, workers, first, zoo_stage.fitted)
-    all_configs = flat(now) + zoo_stage.planned
-    skipped = skipped_first + zoo_stage.skipped
+    phases.estimate_s = (chosen.load_s() + chosen.beside_s) / workers if budget_s is not None else None
+    deferred = chosen.deferred + deadline.deferred
+    waiting = {c.config_hash for c in deferred}
+    all_configs = [c for c in flat(trials) if c.config_hash not in waiting]
     elapsed_s = time.perf_counter() - started
     print_summary(all_configs, outcomes, skipped, uri, elapsed_s, phases.ray_start_s, left_out,
                   why_not_run="the zoo's build failed (the error above)" if zoo_stage.error else "interrupted")
+    print_estimates(deadline, chosen, beside, phases, setup.elapsed())
+    if deferred:
+        for line in describe_deferred(chosen.per_group(deferred), f"{AGAIN}, or a larger --budget"):
+            print(line)
+        if deadline.deferred:
+            record.write(uri, sizing, sweep_id, args, device, workers, deferred=chosen.per_group(deferred))
     print_sharing(sharing, workers)
     if outcomes:
         print_phases(phases, all_configs)
@@ -146,7 +148,11 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
     if args.summary_json:
         write_summary_json(args.summary_json, sweep_id=sweep_id, uri=uri, device=device, outcomes=outcomes,
                            skipped=skipped, elapsed_s=elapsed_s, phases=phases, job=job,
-                           calibration=record.describe(sizing))
+                           calibration=record.describe(sizing),
+                           estimates={g: {"trials": n, "estimated_s": round(e, 1), "measured_s": round(m, 1)}
+                                      for g, (n, e, m) in estimated_and_measured(deadline).items()},
+                           deferred={g: {"trials": n, "minutes": round(m, 2)}
+                                     for g, (n, m) in chosen.per_group(deferred).items()})
     if zoo_stage.error:
         return 1
     return INTERRUPTED if never_ran(all_configs, outcomes, skipped) else 0    # the summary said "interrupted"

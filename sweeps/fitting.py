@@ -1,25 +1,27 @@
-"""Fit the plan to --budget on this machine, stage by stage, and print what each stage is estimated to take.
+"""Fit the plan to --budget on this machine and say, before anything runs, what runs now and what waits.
 
-``sweeps.budget`` holds the model (calibration, per-trial estimates, the shrinking); this module
-applies it to a sweep: the budget a profile gets by default, the calibration on the threads a trial
-gets, each stage's fit with its printed estimate (``fit_stage``), and both stages at once for a dry
-run or a zoo already built (``fit_to_budget``). The step costs come from the store's record of its
-earlier sweeps where it has them (``sweeps.record``), else from this machine's cache, else measured.
+``sweeps.budget`` holds the model (calibration, per-trial estimates, the shrinking) and
+``sweeps.deferral`` the choice of what runs past the floors; this module applies them to a sweep: the
+budget a profile gets by default, the calibration on the threads a trial gets, the whole plan's fit
+with its printed estimate (``size_plan``: one level for every trial, chosen from the whole plan so
+that a rerun plans the same configs), and this run's share of it (``plan_run``: what finished is
+skipped, what does not fit beside the work that runs next to the trials is deferred). The step costs
+come from the store's record of its earlier sweeps where it has them, else from this machine's
+cache, else measured (a zoo model not trained yet: its architecture with random weights).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
-from sweeps import budget
+from sweeps import budget, deferral
 from sweeps.launch import planned_workers, trial_threads
-from sweeps.plan import chosen_profile, flat, split_stages
+from sweeps.plan import chosen_profile, flat, is_finished
 from trials.config import TrialConfig
 
-DEFAULT_BUDGET = {"quick": "30m", "full": "none"}
-
-FIRST_STAGE = "Trials that start at once (their models need no build):"
-ZOO_STAGE = "The zoo's trials (sized once the zoo is built and calibrated):"
+DEFAULT_BUDGET = {"quick": "45m", "full": "none"}
+AGAIN = "the same command again (`make run` for the main job)"
 
 
 def budget_seconds(args: argparse.Namespace, device: str) -> float | None:
@@ -37,38 +39,75 @@ def calibrate(trials: dict[str, list[TrialConfig]], args, device: str, sizing, m
     return costs
 
 
-def fit_stage(trials: dict[str, list[TrialConfig]], costs: dict, budget_s: float | None, device: str,
-              workers: int, title: str):
-    """Shrink one stage's workloads to ``budget_s``; prints its estimate. (trials by group, the Fit)."""
+def size_plan(trials: dict[str, list[TrialConfig]], costs: dict, args, device: str):
+    """Shrink the whole plan's workloads to the budget (one level for all; ``budget.fit``) and print
+    the estimate: (trials by group, the Fit; None without a budget)."""
+    budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
     configs = flat(trials)
-    if not configs:
+    if budget_s is None or not configs:
         return trials, None
     fitted = budget.fit(configs, costs, budget_s, workers)
-    print(title)
     used = {(entry.name, precision) for entry, precision in budget.pairs_needed(configs)}
     print_estimate(fitted, {key: cost for key, cost in costs.items() if key in used}, device, workers)
-    shrunk: dict[str, list[TrialConfig]] = {group: [] for group in trials}
+    sized: dict[str, list[TrialConfig]] = {group: [] for group in trials}
     for config in fitted.configs:
-        shrunk[config.group].append(config)
-    return shrunk, fitted
+        sized[config.group].append(config)
+    return sized, fitted
 
 
 def fit_to_budget(trials: dict[str, list[TrialConfig]], costs: dict, args, device: str):
-    """Size both stages at once with ``costs`` (``calibrate``; a dry run): the same sizes as a sweep
-    that trains the zoo beside its first trials."""
-    now, later = split_stages(trials)
+    """``size_plan``'s trials alone (a dry run)."""
+    return size_plan(trials, costs, args, device)[0]
+
+
+def beside_work(zoo_sets: list[str], costs: dict, setup) -> dict[str, float]:
+    """What runs beside the trials and takes a core meanwhile, by its words: the zoo's training (where
+    ``zoo_sets`` train beside them) and the builds of ``setup`` (a ``SetupBeside``), in estimated seconds."""
+    beside = {f"training the zoo ({', '.join(zoo_sets)})": budget.zoo_build_seconds(zoo_sets, costs)} if zoo_sets else {}
+    beside.update(setup.estimates())
+    return beside
+
+
+def plan_run(trials: dict[str, list[TrialConfig]], costs: dict, done: dict[str, set[str]], args, device: str,
+             beside: dict[str, float] | None = None) -> deferral.Deferral:
+    """This run's share of the sized plan: the trials without a FINISHED run, in priority order, as
+    many as fit the budget's worker-seconds beside ``beside`` (what else takes a core meanwhile, by
+    name: seconds); the rest deferred. Prints it per group."""
     budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
-    now, first = fit_stage(now, costs, budget.first_stage_budget(budget_s, len(flat(now)), len(flat(trials))),
-                           device, workers, FIRST_STAGE)
-    later, _ = fit_stage(later, costs, budget.later_stage_budget(budget_s, first, workers), device, workers, ZOO_STAGE)
-    return {group: now[group] + later[group] for group in trials}
+    configs = flat(trials)
+    seconds = budget.trial_estimates(configs, costs) if budget_s is not None else {}
+    pending = [c for c in configs if not is_finished(c, done)]
+    beside_s = sum((beside or {}).values())
+    capacity = None if budget_s is None or getattr(args, "no_defer", False) else budget_s * workers
+    chosen = deferral.defer(pending, seconds, capacity, workers, beside_s)
+    if budget_s is not None:
+        print_run(chosen, configs, done, beside or {}, budget_s)
+    return chosen
 
 
-def stage_estimate(budget_s: float | None, workers: int, *fits) -> float | None:
-    """The budget's estimate of the sized stages' trials, in wall time on ``workers`` (None without a budget)."""
-    if budget_s is None:
-        return None
-    return sum(f.estimate_s / workers for f in fits if f is not None)
+def print_run(chosen: deferral.Deferral, configs: list[TrialConfig], done, beside: dict[str, float],
+              budget_s: float) -> None:
+    """The plan per group: planned, finished, run now and deferred, with estimated minutes."""
+    workers = chosen.workers
+    runs, waits = chosen.per_group(chosen.run), chosen.per_group(chosen.deferred)
+    within = "with --no-defer: every trial, past" if chosen.capacity_s is None else "within"
+    print(f"This run, {within} --budget {duration(budget_s)} on {workers} worker(s) "
+          "(finished configs skipped; past the floors the lowest-priority trials wait for the next run):")
+    print(f"  {'group':<14}{'planned':>8}{'finished':>9}{'run now':>9}{'~min':>7}{'deferred':>9}{'~min':>7}")
+    for group in dict.fromkeys(c.group for c in configs):
+        planned = [c for c in configs if c.group == group]
+        n_done = sum(is_finished(c, done) for c in planned)
+        run, wait = runs.get(group, (0, 0.0)), waits.get(group, (0, 0.0))
+        print(f"  {group:<14}{len(planned):>8}{n_done:>9}{run[0]:>9}{run[1]:>7.1f}{wait[0]:>9}{wait[1]:>7.1f}")
+    for what, seconds in beside.items():
+        print(f"  beside the trials: {what}, ~{seconds / 60:.1f} min of one core")
+    used = (chosen.load_s() + chosen.beside_s) / workers
+    print(f"Estimated: ~{used / 60:.1f} min of wall time for this run (budget {duration(budget_s)})")
+    if chosen.deferred:
+        need = (chosen.load_s(chosen.run + chosen.deferred) + chosen.beside_s) / workers
+        for line in deferral.describe_deferred(waits, f"{AGAIN}, or --budget {math.ceil(need / 60 * 1.1)}m to run "
+                                                      "them in this one"):
+            print(line)
 
 
 def print_estimate(fitted, costs, device: str, workers: int) -> None:
@@ -80,23 +119,14 @@ def print_estimate(fitted, costs, device: str, workers: int) -> None:
     else:
         print(f"Budget {duration(fitted.budget_s)} on {workers} worker(s): the profile as written would "
               f"take ~{fitted.unscaled_s / 60 / workers:.1f} min; chose {fitted.describe_level()}")
-    per_group: dict[str, list] = {}
-    references: set = set()
-    for config in fitted.configs:
-        per_group.setdefault(config.group, []).append(budget.trial_seconds(config, costs, references))
-    for group, seconds in per_group.items():
-        print(f"  {group:<14}{len(seconds):>4} trials  ~{sum(seconds) / 60 / workers:5.1f} min")
     if fitted.emulated:
         worst = max(fitted.emulated, key=lambda e: e[2])
         print(f"  {len(fitted.emulated)} trial(s) run in a precision this device emulates (bf16 on this CPU: "
               f"{', '.join(sorted({e[0].stack.precision for e in fitted.emulated}))}); each shrunk further, "
               f"the longest ~{worst[2]:.0f} s ({worst[0].model} {worst[0].group} {worst[0].stack.label}, "
               f"{fitted.describe_level(worst[1])})")
-    print(f"Estimated: ~{fitted.estimate_s / 60 / workers:.1f} min of trials "
-          f"(a model of the step costs above, not a measurement; the summary prints the real time)")
-    if fitted.budget_s is not None and fitted.estimate_s / max(1, workers) > fitted.budget_s:
-        print(f"  Over its budget ({duration(fitted.budget_s)}) even at the floors: the budget shrinks "
-              "workloads, never the set of trials; to hold it, run fewer (--groups, --models, or a sweep file)")
+    print(f"The whole plan at this size: ~{fitted.estimate_s / 60 / workers:.1f} min of trials "
+          f"(a model of the step costs above, not a measurement; the summary prints the real time per group)")
 
 
 def duration(seconds: float) -> str:

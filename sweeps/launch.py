@@ -17,7 +17,6 @@ import time
 
 import tracking
 from sweeps.plan import chosen_profile
-from sweeps.spaces import run_order
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.redaction import redact
@@ -146,18 +145,21 @@ def first_run_hint(uri: str) -> str:
 
 
 def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, device: str,
-             estimate_s: float | None = None, reservation_path: str | None = None, job=None, setup=None):
-    """One Tune run: ``configs`` in order, then what ``later`` (a ``ZooStage``) hands out once it can.
-    The zoo's training (``job``) and a build beside the trials (``setup``, a ``SetupBeside``) are said
-    among what runs until they end. Returns (Tune's results, the progress printer)."""
+             deadline=None, reservation_path: str | None = None, job=None, setup=None):
+    """One Tune run: ``configs`` in priority order, then what ``later`` (a ``ZooStage``) hands out once
+    it can, each started only while ``deadline`` (a ``sweeps.deferral.Deadline``) admits it. The zoo's
+    training (``job``) and a build beside the trials (``setup``, a ``SetupBeside``) are said among what
+    runs until they end. Returns (Tune's results, the progress printer)."""
     from ray import tune
 
     from sweeps import cpus
+    from sweeps.deferral import Deadline, priority_keys
     from sweeps.progress import ProgressPrinter
     from sweeps.staged import StagedSearcher
     from sweeps.trainable import run_in_worker
     from trials.measurement.environment import git_sha
 
+    deadline = deadline or Deadline(None, {})
     resources = trial_resources(args, device)
     workers = planned_workers(args, device)
     waiting = len(later.planned) if later is not None else 0
@@ -168,20 +170,21 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
     def watch() -> None:
         for each in watches:
             each()
-    printer = ProgressPrinter(len(configs) + waiting, estimate_s, first_run_hint(uri),
+    keys = priority_keys(configs + (later.planned if later is not None else []))
+    searcher = StagedSearcher(configs, later, lambda queued: sorted(queued, key=lambda c: keys[c.config_hash]),
+                              deadline)
+    printer = ProgressPrinter(len(configs) + waiting, deadline, searcher, first_run_hint(uri),
                               functools.partial(tracking.write_live, uri, sweep_id), watch=watch)
     if job is not None:
         printer.running[job.what] = job.started      # said in the heartbeat and on the dashboard
     if setup is not None and not setup.done():
         watches.append(setup.said_by(printer))
     if later is not None:
-        def zoo_trials_known(count: int, estimate_s: float | None) -> None:
+        def zoo_trials_known(count: int) -> None:
             if job is not None:
                 printer.running.pop(job.what, None)
             printer.total = len(configs) + count
-            if printer.estimate_s is not None and estimate_s is not None:
-                printer.estimate_s += estimate_s
-            printer.say(f"the zoo's {count} trial(s) queued, smallest models first")
+            printer.say(f"the zoo's {count} trial(s) queued, in priority order")
         later.on_ready = zoo_trials_known
     param_space = {"tracking_uri": uri, "sweep_id": sweep_id, "git_sha": git_sha(),
                    "profile": chosen_profile(args, device).name,
@@ -191,11 +194,12 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
         tune.with_resources(run_in_worker, resources_of(resources, configs, later)),
         param_space=param_space,
         tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=workers, num_samples=-1,
-                                    search_alg=StagedSearcher(configs, later, run_order)),
+                                    search_alg=searcher),
         run_config=tune.RunConfig(name=sweep_id, storage_path=args.storage_path, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=args.max_failures),
                                   callbacks=[printer]),
     )
+    deadline.start()                             # the budget counts from the first trial
     return tuner.fit(), printer
 
 

@@ -21,6 +21,7 @@ from sweeps.sweepfile import profiles
 from trials import groups
 from trials.config import TrialConfig
 from trials.models import pypi, zoo
+from trials.models.zoo import is_built as zoo_built
 from trials.models.registry import BUILT_IN
 
 log = logging.getLogger("sweeps")
@@ -110,8 +111,9 @@ def _model_names(configs: list[TrialConfig], source: str) -> set[str]:
     return {entry.location for entry in entries if entry.source == source}
 
 
-def models_ready(configs: list[TrialConfig]) -> bool:
-    return all(zoo.is_built(n) for n in _model_names(configs, "zoo")) \
+def models_ready(configs: list[TrialConfig], zoo: bool = True) -> bool:
+    """Whether the real models are converted and (``zoo``) the zoo's models built."""
+    return all(zoo_built(n) for n in _model_names(configs, "zoo") if zoo) \
         and all(pypi.is_converted(n) for n in _model_names(configs, "pypi"))
 
 

@@ -1,5 +1,9 @@
 """Progress a person can read while a sweep runs: one line per trial as it starts and ends, and a
-heartbeat at least every ``HEARTBEAT_S`` (what runs, for how long, how many are done, time left)."""
+heartbeat at least every ``HEARTBEAT_S`` (what runs, for how long, how many are done, time left).
+
+Time left comes from the plan's per-trial estimates of the trials still queued, corrected by what the
+finished ones took against their estimates (``sweeps.deferral.Deadline``), not from the finished-trials
+rate (which, early on, counts the zoo's training and builds beside the trials as trial time)."""
 
 from __future__ import annotations
 
@@ -14,13 +18,15 @@ HEARTBEAT_S = 30.0
 
 
 class ProgressPrinter(Callback):
-    def __init__(self, total: int, estimate_s: float | None = None, first_run_hint: str = "",
+    def __init__(self, total: int, deadline=None, searcher=None, first_run_hint: str = "",
                  on_change=None, watch=None) -> None:
         self.total = total
+        self.deadline = deadline              # sweeps.deferral.Deadline: estimates, corrections, the budget
+        self.searcher = searcher              # what is still queued (``StagedSearcher.queue``)
+        self.began: dict[str, float] = {}     # trial id -> monotonic start
         self.watch = watch                    # called about once a second (the zoo's build: done yet?)
         self.last_watch = 0.0
         self.on_change = on_change            # called with (running: name -> unix start, done, total)
-        self.estimate_s = estimate_s          # the budget's estimate of the whole sweep, if any
         self.first_run_hint = first_run_hint  # said once, when the store has its first finished run
         self.done = 0
         self.started = self.last_line = time.perf_counter()
@@ -45,11 +51,15 @@ class ProgressPrinter(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.running[self._name(trial)] = time.time()
+        self.began[trial.trial_id] = time.monotonic()
         self._print(f"start  {self._name(trial)}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         self.done += 1
         self.running.pop(self._name(trial), None)
+        if self.deadline is not None and trial.trial_id in self.began:
+            config = TrialConfig.from_dict(copy.deepcopy(trial.config["trial"]))
+            self.deadline.finished(config, time.monotonic() - self.began.pop(trial.trial_id))
         status = result.get("trial_status", "?")
         detail = (f"{result['tok_per_s']:.1f} tok/s" if status == "FINISHED" and "tok_per_s" in result
                   else result.get("error", ""))
@@ -77,13 +87,10 @@ class ProgressPrinter(Callback):
         self._print(f"{self.done}/{self.total} done · running: {running} · {self._time_left(now)}")
 
     def _time_left(self, now: float) -> str:
-        elapsed = now - self.started
-        if self.done:
-            left = elapsed / self.done * (self.total - self.done)
-            return f"~{left / 60:.0f} min left at the rate so far"
-        if self.estimate_s:
-            return f"~{max(0.0, self.estimate_s - elapsed) / 60:.0f} min left by the estimate"
-        return "time left: after the first trial"
+        if self.deadline is None or self.searcher is None:
+            return "time left: unknown (no plan estimates)"
+        later = self.searcher.later
+        return self.deadline.time_left(list(self.searcher.queue) + list(getattr(later, "planned", None) or []))
 
     def _elapsed(self) -> str:
         elapsed = time.perf_counter() - self.started

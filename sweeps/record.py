@@ -72,12 +72,15 @@ def read(uri: str, args, budget_s: float | None) -> Sizing:
     return sizing
 
 
-def write(uri: str, sizing: Sizing, sweep_id: str, args, device: str, workers: int) -> None:
-    """Keep ``sizing`` (the step costs used so far) as this sweep's record in the store; a store
+def write(uri: str, sizing: Sizing, sweep_id: str, args, device: str, workers: int,
+          deferred: dict[str, tuple[int, float]] | None = None) -> None:
+    """Keep ``sizing`` (the step costs used so far) as this sweep's record in the store, with what it
+    deferred to the next run (group -> (trials, estimated minutes): the dashboard says it); a store
     that cannot take it is said in one line (the sweep goes on; a rerun then calibrates as before)."""
     record = {"sweep_id": sweep_id, "purpose": sizing.purpose, "sweep_file": args.sweep,
               "written": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": sizing.budget_s, "device": device,
-              "workers": workers, "calibration_file": str(sizing.file), "calibration": sizing.used}
+              "workers": workers, "calibration_file": str(sizing.file), "calibration": sizing.used,
+              "deferred": {group: {"trials": n, "minutes": round(m, 2)} for group, (n, m) in (deferred or {}).items()}}
     try:
         tracking.record_sweep(uri, record)
     except Exception as exc:     # MLflow's own errors, a store gone away: the record is a convenience

@@ -12,6 +12,7 @@ the sweep's end) with its whole process group: nothing is left behind.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -96,6 +97,26 @@ class SetupBeside:
                 log.warning("%s", line)
             lines.append(line)
         return lines
+
+    def estimates(self) -> dict[str, float]:
+        """What each command is estimated to take of one core's time here (its module's
+        ``beside_estimate_s()``: 0 where there is nothing left to build), by its words; for the budget."""
+        found = {}
+        for command in self.commands:
+            try:
+                estimate = getattr(importlib.import_module(command[0]), "beside_estimate_s", None)
+                seconds = float(estimate()) if estimate else 0.0
+            except Exception as exc:      # a module that cannot say (a package missing): its build says why
+                log.info("no estimate for `python -m %s`: %s", " ".join(command), exc)
+                seconds = 0.0
+            if seconds > 0:
+                found[f"`python -m {' '.join(command)}`"] = seconds
+        return found
+
+    def elapsed(self) -> dict[str, float]:
+        """How long each command that ended ran (to its log's last line), by its words."""
+        return {f"`python -m {' '.join(command)}`": max(path.stat().st_mtime - self.started, 0.0)
+                for command, process, path in self.jobs if process.poll() is not None}
 
     def said_by(self, printer) -> Callable[[], None]:
         """Put the commands among what ``printer`` (a ``ProgressPrinter``) says runs, in its heartbeat and

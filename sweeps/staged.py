@@ -1,13 +1,13 @@
 """Hand Ray Tune the trials that can run now, and the rest as soon as they can: one Tune run whose
-trials arrive in stages.
+trials arrive in stages, each started only while the budget admits it.
 
-A grid fixes every trial before the first starts, but a fresh machine cannot size the zoo's trials
-before the zoo is trained (their workloads come from its calibration). ``StagedSearcher`` gives
-Tune the first stage's trials in order and asks ``later`` (a callable, polled each time Tune wants a
-trial) for the next stage's; the moment they arrive they join the trials not yet started, in
-``order`` (the sweep's breadth-first run order: the zoo's small models then come first, so every
-chart gets their bars minutes after the build, not after the first stage drains). It says FINISHED
-when both are given out. Tune's own loop, resources, retries and callbacks stay as they are.
+A grid fixes every trial before the first starts, but a fresh machine cannot run the zoo's trials
+before the zoo is trained. ``StagedSearcher`` gives Tune the first stage's trials in order and asks
+``later`` (a callable, polled each time Tune wants a trial) for the next stage's; the moment they
+arrive they join the trials not yet started, in ``order`` (the sweep's priority order). Before a trial
+is handed out, ``deadline`` (``sweeps.deferral.Deadline``) says whether it can end before the budget
+does; one that cannot is deferred to the next run, and the next one in line is asked. It says
+FINISHED when both stages are given out. Tune's own loop, resources, retries and callbacks stay as they are.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from trials.config import TrialConfig
 
 class StagedSearcher(Searcher):
     def __init__(self, now: list[TrialConfig], later: Callable[[], list[TrialConfig] | None] | None = None,
-                 order: Callable[[list[TrialConfig]], list[TrialConfig]] | None = None):
+                 order: Callable[[list[TrialConfig]], list[TrialConfig]] | None = None, deadline=None):
         super().__init__()
         self.queue = list(now)
         self.later = later            # None once its trials are queued (or there is no later stage)
         self.order = order or (lambda configs: configs)
+        self.deadline = deadline      # None: no budget, every trial starts
 
     def suggest(self, trial_id: str) -> dict | None:
         if self.later is not None:
@@ -37,9 +38,11 @@ class StagedSearcher(Searcher):
                 self.later = None
             elif not self.queue:
                 return None           # not ready yet: Tune asks again
-        if self.queue:
-            return {"trial": self.queue.pop(0).to_dict()}
-        return Searcher.FINISHED
+        while self.queue:
+            config = self.queue.pop(0)
+            if self.deadline is None or self.deadline.admits(config):
+                return {"trial": config.to_dict()}
+        return None if self.later is not None else Searcher.FINISHED
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         pass                          # a sweep, not a search: results change nothing that follows

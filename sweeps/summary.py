@@ -89,11 +89,36 @@ def print_phases(phases: Phases, configs: list[TrialConfig]) -> None:
              if phases.first_finished_s is not None else "")
     estimate = f"estimated {phases.estimate_s / 60:.1f} min for " if phases.estimate_s else ""
     print(f"Phases: {zoo_text}, calibration {phases.calibrate_s:.0f} s, Ray start-up {phases.ray_start_s:.0f} s, "
-          f"trials {phases.tune_s / 60:.1f} min ({estimate}all {len(configs)} planned){first}")
+          f"trials {phases.tune_s / 60:.1f} min ({estimate}the {len(configs)} of this run){first}")
+
+
+def estimated_and_measured(deadline) -> dict[str, tuple[int, float, float]]:
+    """Per group, over the trials that finished in this run: (trials, estimated s, measured s)."""
+    return {group: (len(pairs), sum(e for _, e in pairs), sum(m for m, _ in pairs))
+            for group, pairs in deadline.measured.items() if pairs}
+
+
+def print_estimates(deadline, chosen, beside: dict[str, float], phases: Phases, beside_took: dict[str, float]) -> None:
+    """The plan's estimates beside what the trials and the work beside them took, per group."""
+    rows = estimated_and_measured(deadline)
+    if not rows and not beside:
+        return
+    print("Estimated against measured (trial minutes, the trials that ended in this run):")
+    for group, (n, estimated, measured) in rows.items():
+        ratio = f"{measured / estimated:5.2f}x" if estimated else "    -"
+        print(f"  {group:<14}{n:>4} trials  estimated {estimated / 60:6.1f}  measured {measured / 60:6.1f}  {ratio}")
+    for what, estimated in beside.items():
+        took = phases.zoo_s if what.startswith("training the zoo") else beside_took.get(what)
+        said = f"{took / 60:.1f} min measured" if took else "not measured (it did not end)"
+        print(f"  beside: {what}: ~{estimated / 60:.1f} min estimated, {said}")
+    if phases.estimate_s:
+        print(f"  this run: ~{phases.estimate_s / 60:.1f} min estimated, {phases.tune_s / 60:.1f} min measured "
+              f"(first trial to the last; budget {deadline.budget_s / 60:.0f} min)" if deadline.budget_s else "")
 
 
 def write_summary_json(path: str, *, sweep_id: str, uri: str, device: str, outcomes: list[dict], skipped,
-                       elapsed_s: float, phases: Phases, job, calibration: str = "") -> None:
+                       elapsed_s: float, phases: Phases, job, calibration: str = "",
+                       deferred: dict | None = None, estimates: dict | None = None) -> None:
     """``--summary-json``: the counts, each phase's time, the calibration used and the outcomes, as JSON."""
     Path(path).write_text(json.dumps({
         "sweep_id": sweep_id, "tracking_uri": uri, "device": device,
@@ -104,4 +129,5 @@ def write_summary_json(path: str, *, sweep_id: str, uri: str, device: str, outco
         "zoo_cpus": job.cpus if job else None, "models_s": phases.models_s,
         "calibrate_s": phases.calibrate_s, "estimate_s": phases.estimate_s,
         "first_finished_s": phases.first_finished_s, "calibration": calibration,
-        "ray_start_s": phases.ray_start_s, "tune_s": phases.tune_s, "outcomes": outcomes}, indent=1))
+        "ray_start_s": phases.ray_start_s, "tune_s": phases.tune_s, "deferred": deferred or {},
+        "estimates": estimates or {}, "outcomes": outcomes}, indent=1))

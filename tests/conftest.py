@@ -134,8 +134,8 @@ SESSION_PRICE_PER_HOUR = 1.5     # US dollars per hour: every session run logs i
 def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
     """``sweeps/full.py`` once for the session, from a sweep file: the baseline, speculative, batching
     and quantization groups over tiny-mha and tiny-gqa in the quick profile, 2 workers, a 10-second
-    budget (below any estimate, so always the smallest workloads the budget allows; a fresh
-    calibration cache). No memory budget: it applies to every group, and a few MiB (what cuts a tiny
+    budget with ``--no-defer`` (below any estimate, so always the smallest workloads the budget allows,
+    and every trial; a fresh calibration cache). No memory budget: it applies to every group, and a few MiB (what cuts a tiny
     model's batch ladder) is within a CPU's resident-set noise for the other groups' trials; the
     batching boundary has its own sweep (tests/test_batching.py). The kv_cache group
     is not in it: its quick contexts are sized for the full zoo (tests/test_kv_cache.py logs its
@@ -149,7 +149,7 @@ def quick_sweep(tiny_zoo, tmp_path_factory) -> QuickSweep:
     sweep_file = folder / "session-sweep.yaml"      # the sweep-file path, as a user's own sweep takes it
     sweep_file.write_text(f"models: [{', '.join(QUICK_SWEEP_MODELS)}]\n"
                           f"groups: [{', '.join(QUICK_SWEEP_GROUPS)}]\nprofile: quick\n")
-    args = ("--sweep", str(sweep_file), "--workers", "2", "--budget", "10s",
+    args = ("--sweep", str(sweep_file), "--workers", "2", "--budget", "10s", "--no-defer",
             "--tracking-uri", uri, "--price-per-hour", str(SESSION_PRICE_PER_HOUR))
     done = run_sweep(*args, env=env)
     sweep = QuickSweep(uri, args, env, done, folder)

@@ -151,7 +151,7 @@ def test_a_killed_driver_resumes_without_running_anything_twice(tiny_zoo, tmp_pa
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "baseline", "--models",
-               "tiny-gqa,tiny-mha", "--workers", "1", "--budget", "10s", "--tracking-uri", uri,
+               "tiny-gqa,tiny-mha", "--workers", "1", "--budget", "10s", "--no-defer", "--tracking-uri", uri,
                "--storage-path", str(tmp_path / "ray_results")]
     first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
@@ -246,7 +246,7 @@ def test_ctrl_c_stops_the_sweep_with_130_and_leaves_no_process(tiny_zoo, tmp_pat
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "baseline,batching", "--models",
-               "tiny-gqa,tiny-mha", "--workers", "1", "--budget", "10s", "--tracking-uri", uri,
+               "tiny-gqa,tiny-mha", "--workers", "1", "--budget", "10s", "--no-defer", "--tracking-uri", uri,
                "--storage-path", str(tmp_path / "ray_results")]
     sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 600
@@ -277,7 +277,7 @@ def test_ctrl_c_while_llama_cpps_tools_build_beside_the_trials_leaves_no_process
     root = tmp_path / "tools"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = [sys.executable, str(ROOT / "sweeps" / "full.py"), "--groups", "engines", "--models", "tiny-gqa",
-               "--budget", "10s", "--tracking-uri", uri, "--storage-path", str(tmp_path / "ray_results")]
+               "--budget", "10s", "--no-defer", "--tracking-uri", uri, "--storage-path", str(tmp_path / "ray_results")]
     sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "LLM_SWEEPS_LLAMA_TOOLS_DIR": str(root)})
     seen, deadline = {}, time.monotonic() + 400

@@ -218,17 +218,32 @@ def test_the_summary_says_each_reason_not_planned_once_with_its_models(capsys):
     assert all(line.endswith(f"— for {', '.join(models)}") for line in lines)
 
 
-def test_the_heartbeat_says_what_runs_and_how_long_is_left(capsys):
-    from sweeps.progress import HEARTBEAT_S, ProgressPrinter
+def test_the_heartbeat_says_what_runs_and_how_long_is_left_by_the_plans_estimates(capsys):
+    """Time left is the queued trials' estimates on the workers, corrected by what finished trials took
+    against theirs, and when the budget ends; not the finished-trials rate."""
+    import types
 
-    printer = ProgressPrinter(total=10, estimate_s=600)
+    from sweeps.deferral import Deadline
+    from sweeps.progress import HEARTBEAT_S, ProgressPrinter
+    from trials.config import Stack, TrialConfig, Workload
+
+    queued = [TrialConfig(group="baseline", model="zoo-gqa", stack=Stack(p), workload=Workload("prose", 1, 8))
+              for p in ("fp32", "bf16")]
+    deadline = Deadline(3600.0, {c.config_hash: 600.0 for c in queued}, workers=2)
+    deadline.start()
+    printer = ProgressPrinter(total=10, deadline=deadline, searcher=types.SimpleNamespace(queue=queued, later=None))
     printer.running["kv_cache zoo-gqa bf16 ctx2048"] = printer.started
     printer.on_step_end(0, [])
     assert capsys.readouterr().out == ""                      # nothing yet: a line was just printed
     printer.last_line -= HEARTBEAT_S
     printer.on_step_end(0, [])
     line = capsys.readouterr().out
-    assert "0/10 done" in line and "kv_cache zoo-gqa bf16 ctx2048" in line and "min left" in line
+    assert "0/10 done" in line and "kv_cache zoo-gqa bf16 ctx2048" in line, line
+    assert "~10 min of queued trials by the plan's estimates (x1.00" in line and "the budget ends in 60 min" in line
+    deadline.finished(queued[0], 1200.0)                       # took twice its estimate
+    printer.last_line -= HEARTBEAT_S
+    printer.on_step_end(0, [])
+    assert "~20 min of queued trials by the plan's estimates (x2.00" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("config_json, message", [

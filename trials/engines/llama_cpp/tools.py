@@ -270,6 +270,18 @@ def _cmake(scratch: pathlib.Path) -> str:
     return str(binary)
 
 
+BUILD_CORE_S_ESTIMATE = 360.0   # a prior for the budget, not a measurement: each card keeps its own build_s
+
+
+def beside_estimate_s() -> float:
+    """For a sweep's budget (``sweeps.setup_beside``): the core-seconds a ``build`` would take here, 0
+    where the tools are built and whole. An estimate (compiling two tools against the binding's
+    libraries); the sweep's summary prints what the build took."""
+    version, flags, libs = binding_version(), cmake_flags(), binding_libs()
+    folder = tools_root() / build_key(version, flags, libs, linked_libraries(libs))
+    return 0.0 if damage(folder) is None else BUILD_CORE_S_ESTIMATE
+
+
 def _build(folder: pathlib.Path, version: str, flags: list[str], libs: pathlib.Path, linked: dict[str, str]) -> None:
     """Build the tools against the binding's libraries ``libs`` in a temporary folder beside ``folder``
     and move them into place, card last."""
