@@ -279,6 +279,25 @@ def _refresh(runs: tracking.RunsCache, full: bool = False) -> None:
         print(f"warning: could not read {redact(runs.uri)}: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr, flush=True)
 
 
+def deferred_line(uri: str) -> str:
+    """What the store's latest sweep left to the next run (``sweeps.deferral``: its budget could not
+    hold every trial), per group with its estimated minutes, and the command that runs it; empty when
+    it deferred nothing."""
+    try:
+        records = tracking.sweep_records(uri)
+    except Exception:        # a store that went away: the page shows what it has
+        return ""
+    deferred = (records[0].get("deferred") or {}) if records else {}
+    if not isinstance(deferred, dict) or not deferred:
+        return ""
+    parts = [f"{group} {d.get('trials', 0)} (~{float(d.get('minutes', 0)):.0f} min)" for group, d in deferred.items()
+             if isinstance(d, dict)]
+    total = sum(int(d.get("trials", 0)) for d in deferred.values() if isinstance(d, dict))
+    return (f"Sweep {records[0].get('sweep_id', '?')} deferred {total} trial(s) to the next run, its budget being "
+            f"spent: {', '.join(parts)}. The same command again (make run for the main job) runs them, or a "
+            "larger --budget; the charts below lack those points until then.")
+
+
 def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s: float = REFRESH_S,
                runs: tracking.RunsCache | None = None) -> dash.Dash:
     """``runs``: the store already read (``open_store``); read here otherwise."""
@@ -291,6 +310,7 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
     def layout() -> html.Div:
         _refresh(runs)          # only the runs that ended since the last read: cheap, and never stale
         running_now = live_line(runs.uri)
+        deferred_now = deferred_line(runs.uri)
         return html.Div([
             html.H1(PAGE_TITLE),
             html.P(["Each chart group is one MLflow experiment; each bar, one configuration's most "
@@ -304,6 +324,7 @@ def create_app(tracking_uri: str, mlflow_ui: str = DEFAULT_MLFLOW_UI, refresh_s:
                         title="read the whole store again (the page also picks up new runs on its own)"),
             dcc.Interval(id="refresh", interval=max(1, int(refresh_s * 1000)), disabled=refresh_s <= 0),
             html.P(running_now, id="live", style=WARNING, hidden=not running_now),
+            html.P(deferred_now, id="deferred", style=MUTED, hidden=not deferred_now),
             dcc.Store(id="store-version", data=runs.version),
             html.Button("Export as one HTML file", id="export", n_clicks=0, style={"marginLeft": "0.5em"},
                         title="every chart and caption in one file that opens offline (dashboard/export.py)"),

@@ -22,10 +22,16 @@ takes every worker's share. Past the floors, ``sweeps.deferral`` defers the lowe
 to the next run; the level is chosen from the whole plan, never from what is left of it, so a rerun
 on the same store plans the same configs and runs exactly what was deferred.
 
+Each engine's trials are estimated from its own step where it measures one (``Engine.measures_steps``:
+llama.cpp times its GGUF of the trial's type with its own kernels), a server from the engine it builds
+on (llama.cpp's server from llama.cpp), any other engine from the default engine's step of its
+precision (``calibrated_as``): a 4-bit GGUF step is not an fp32 transformers step.
+
 Calibrations are cached per machine and per purpose (``cache_file``: the main job's
 ``~/.cache/llm-inference-sweeps/calibration.json``, or ``$LLM_SWEEPS_CALIBRATION``; a sweep file's
 beside it, so one sweep's calibration never changes another's plan; keyed by CPU, torch version,
-threads and the model's identity), and each sweep keeps the step costs it used in its store
+threads, the model's identity and, for an engine other than the default, that engine and its
+version), and each sweep keeps the step costs it used in its store
 (``sweeps.record``), which ``calibrate`` prefers (``recorded``): a rerun against a store plans the
 same configs (same ``config_hash``) and skips finished ones instead of measuring again what a
 slightly different calibration would have chosen. ``--recalibrate`` measures afresh.
@@ -36,6 +42,7 @@ beside the measured time when it ends.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -48,12 +55,12 @@ from pathlib import Path
 from trials import groups
 from trials import engines
 from trials.config import TrialConfig
+from trials.engines.spec import StepCost
 from trials.errors import ConfigError
 from trials.models import pypi, zoo
 from trials.models.registry import ModelEntry, reference_precision
 from trials.prompts import workload_prompts
 from trials.worker import WORKER
-
 log = logging.getLogger("sweeps.budget")
 
 CACHE_ENV_VAR = "LLM_SWEEPS_CALIBRATION"   # moves the cache file (tests use a fresh one)
@@ -87,16 +94,6 @@ LEVELS = ((1, 1, 0), (2, 1, 0), (2, 2, 0), (2, 2, 1), (4, 2, 1), (4, 4, 1), (4, 
           (8, 8, 2), (16, 8, 2), (16, 16, 3))
 
 
-@dataclass(frozen=True)
-class StepCost:
-    """What a model costs here in one precision, at batch 1 on the trial's threads."""
-
-    decode_s: float          # one decode step (median of a few, with a KV cache)
-    prefill_token_s: float   # per token of a PREFILL_TOKENS-token prefill
-    load_s: float
-    measured_at: str = ""
-
-
 # ------------------------------------------------------------------------------ calibration
 
 def _fingerprint(threads: int, device: str) -> str:
@@ -119,8 +116,43 @@ def _model_identity(entry: ModelEntry) -> str:
     return entry.location
 
 
-def _key(model: ModelEntry, precision: str, device: str, threads: int) -> str:
-    return f"{model.name}|{precision}|{device}|{_model_identity(model)}|{_fingerprint(threads, device)}"
+ENGINE_MARK = "@"
+LEGACY_MARK = "legacy|"        # a step cost from a store's record written before engines measured their own
+
+
+def step_label(engine: str, precision: str) -> str:
+    """How a step cost is named (in pairs, costs and cache keys): the precision alone on the default
+    engine (the shape every cache and record holds from before engines measured their own steps),
+    ``precision@engine`` on another engine."""
+    return precision if engine == engines.DEFAULT else f"{precision}{ENGINE_MARK}{engine}"
+
+
+def engine_of(label: str) -> tuple[str, str]:
+    """(engine, precision) of a step label."""
+    precision, _, engine = label.partition(ENGINE_MARK)
+    return engine or engines.DEFAULT, precision
+
+
+def _engine_version(engine: str) -> str:
+    """The engine's package and version: a new build of it is a new calibration."""
+    package = engines.get(engine).package
+    try:
+        return f"{package}={getattr(importlib.import_module(package), '__version__', '?')}"
+    except ImportError:
+        return f"{package}=missing"
+
+
+def _key(model: ModelEntry, label: str, device: str, threads: int) -> str:
+    key = f"{model.name}|{label}|{device}|{_model_identity(model)}|{_fingerprint(threads, device)}"
+    engine, _ = engine_of(label)
+    return key if engine == engines.DEFAULT else f"{key}|{_engine_version(engine)}"
+
+
+def legacy_entries(calibration: dict[str, dict]) -> dict[str, dict]:
+    """A store record's step costs from before engines measured their own, under keys only
+    ``calibrate`` reads: such a sweep sized every engine's trials from the default engine's reference
+    step, and a rerun against that store sizes them so again (same configs, finished ones skipped)."""
+    return {f"{LEGACY_MARK}{key}": cost for key, cost in calibration.items()}
 
 
 CACHE_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError)
@@ -162,129 +194,134 @@ def _write_cache(measured: dict, path: Path | None = None) -> None:
     os.replace(tmp, path)
 
 
-def measure_step_cost(model: ModelEntry, precision: str, device: str) -> StepCost:
-    """Load the model, time one prefill of PREFILL_TOKENS tokens and DECODE_STEPS decode steps."""
-    import torch
-
-    from trials.models import loading
-    loaded = loading.load(model, precision, device)
-    net = loaded.model
-    vocab = net.config.vocab_size
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, vocab, (1, PREFILL_TOKENS), generator=generator).to(loaded.device)
-
-    def sync():
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    with torch.inference_mode():
-        net(input_ids=ids[:, :4])                             # first call: lazy init, kernel choice
-        sync()
-        started = time.perf_counter()
-        out = net(input_ids=ids, use_cache=True)
-        sync()
-        prefill_s = time.perf_counter() - started
-        cache, token, steps = out.cache, out.logits[:, -1:].argmax(-1), []
-        for _ in range(DECODE_STEPS):
-            started = time.perf_counter()
-            out = net(input_ids=token, cache=cache, use_cache=True)
-            sync()
-            steps.append(time.perf_counter() - started)
-            cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-    return StepCost(decode_s=statistics.median(steps), prefill_token_s=prefill_s / PREFILL_TOKENS,
-                    load_s=loaded.load_s, measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+def measure_step_cost(model: ModelEntry, label: str, device: str, threads: int) -> StepCost:
+    """One prefill of PREFILL_TOKENS tokens and DECODE_STEPS decode steps of ``model``, timed by the
+    engine the label names (``Backend.step_cost``) on ``threads`` threads."""
+    engine, precision = engine_of(label)
+    return engines.get(engine).runs().step_cost(model, precision, device, threads, PREFILL_TOKENS, DECODE_STEPS)
 
 
-def _measure(model: ModelEntry, precision: str, device: str) -> StepCost:
+def _known(known: dict, model: ModelEntry, label: str, device: str, threads: int) -> StepCost | None:
+    """The step cost ``known`` holds for the pair (None: not there, or an entry of another shape). An
+    engine-measured pair a store's older record never held takes that record's reference step, as
+    that sweep did (``legacy_entries``)."""
+    keys = [_key(model, label, device, threads)]
+    if label != engine_of(label)[1]:
+        keys.append(LEGACY_MARK + _key(model, reference_precision(model, device), device, threads))
+    for key in keys:
+        try:
+            return StepCost(**known[key])
+        except (KeyError, TypeError):        # not there, or an entry of another shape: measured again
+            continue
+    return None
+
+
+def _measure(model: ModelEntry, label: str, device: str, threads: int) -> StepCost:
     """``measure_step_cost``, on a zoo model's random-weight stand-in while it is not trained yet."""
     if model.source != "zoo" or zoo.is_built(model.location):
-        return measure_step_cost(model, precision, device)
+        return measure_step_cost(model, label, device, threads)
     from trials.models.zoo.stand_in import stand_in
 
     with stand_in(model.location) as folder:
-        return measure_step_cost(replace(model, source="local", location=str(folder)), precision, device)
+        return measure_step_cost(replace(model, source="local", location=str(folder)), label, device, threads)
 
 
 def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, recalibrate: bool = False,
               cache: Path | None = None, recorded: dict | None = None,
               measure: bool = True) -> dict[tuple[str, str], StepCost]:
-    """Step costs for every (model, precision), by (model name, precision): as ``recorded`` (the
-    store's sweep records, by calibration key: what sized its finished trials), else from the
-    per-machine ``cache`` file (the main job's by default), else measured now and cached
-    (``recalibrate``: measured now, whatever is recorded or cached; ``measure`` False: only what is
-    known, nothing measured, nothing written).
+    """Step costs for every (model, step label), by (model name, label; ``step_label``): as
+    ``recorded`` (the store's sweep records, by calibration key: what sized its finished trials), else
+    from the per-machine ``cache`` file (the main job's by default), else measured now by the label's
+    engine and cached (``recalibrate``: measured now, whatever is recorded or cached; ``measure``
+    False: only what is known, nothing measured, nothing written).
 
     A pair that cannot load here (a missing optional package, a hub model without a network) gets no
     entry: its trials fail at once with that reason, so they cost nothing.
     """
-    import torch
-
     cache = cache or cache_file()
-    known = {} if recalibrate else {**_read_cache(cache), **(recorded or {})}
+    sources = [] if recalibrate else [recorded or {}, _read_cache(cache)]      # the store's record first
     costs: dict[tuple[str, str], StepCost] = {}
     todo = []
-    for model, precision in sorted(pairs, key=lambda pair: (pair[0].name, pair[1])):
-        entry = known.get(_key(model, precision, device, threads))
-        try:
-            costs[(model.name, precision)] = StepCost(**entry)
-        except TypeError:                    # not cached, or an entry of another shape: measured again
-            todo.append((model, precision))
+    for model, label in sorted(pairs, key=lambda pair: (pair[0].name, pair[1])):
+        cost = next((c for c in (_known(s, model, label, device, threads) for s in sources) if c), None)
+        if cost is None:
+            todo.append((model, label))
+        else:
+            costs[(model.name, label)] = cost
     if not todo or not measure:
         return costs
     log.info("calibrating %d model/precision pair(s) on %d thread(s): one prefill and %d decode "
              "steps each", len(todo), threads, DECODE_STEPS)
     measured: dict[str, dict] = {}
-    previous_threads = torch.get_num_threads()
-    if device == "cpu":
-        torch.set_num_threads(threads)
-    try:
-        for i, (model, precision) in enumerate(todo, 1):
-            try:
-                cost = _measure(model, precision, device)
-            except (ConfigError, ImportError) as exc:
-                log.info("  [%d/%d] %s %s: not calibrated (%s)", i, len(todo), model.name, precision,
-                         str(exc).splitlines()[0])
-                continue
-            except OSError as exc:      # weights not here: a hub id offline, a folder gone
-                log.warning("  [%d/%d] %s %s: cannot load it here, not calibrated (%s); its trials fail "
-                            "the same way unless the workers can reach it", i, len(todo), model.name, precision,
-                            str(exc).splitlines()[0])
-                continue
-            finally:
-                WORKER.drop_models()
-            costs[(model.name, precision)] = cost
-            measured[_key(model, precision, device, threads)] = asdict(cost)
-            log.info("  [%d/%d] %s %s: %.1f ms per decode step, %.2f ms per prefill token",
-                     i, len(todo), model.name, precision, cost.decode_s * 1e3, cost.prefill_token_s * 1e3)
-    finally:
-        torch.set_num_threads(previous_threads)
+    for i, (model, label) in enumerate(todo, 1):
+        started = time.perf_counter()
+        try:
+            cost = _measure(model, label, device, threads)
+        except (ConfigError, ImportError) as exc:
+            log.info("  [%d/%d] %s %s: not calibrated (%s)", i, len(todo), model.name, label,
+                     str(exc).splitlines()[0])
+            continue
+        except (OSError, ValueError) as exc:      # weights not here: a hub id offline, a folder gone
+            log.warning("  [%d/%d] %s %s: cannot load it here, not calibrated (%s); its trials fail "
+                        "the same way unless the workers can reach it", i, len(todo), model.name, label,
+                        str(exc).splitlines()[0])
+            continue
+        finally:
+            WORKER.drop_models()
+        costs[(model.name, label)] = cost
+        measured[_key(model, label, device, threads)] = asdict(cost)
+        log.info("  [%d/%d] %s %s: %.1f ms per decode step, %.2f ms per prefill token (%.1f s)",
+                 i, len(todo), model.name, label, cost.decode_s * 1e3, cost.prefill_token_s * 1e3,
+                 time.perf_counter() - started)
     _write_cache(measured, cache)
     return costs
 
 
 def keyed(pairs: set[tuple[ModelEntry, str]], costs: dict[tuple[str, str], StepCost], device: str,
           threads: int) -> dict[str, dict]:
-    """The step costs of ``pairs`` by calibration key (model, precision, device, the model's identity,
+    """The step costs of ``pairs`` by calibration key (model, step label, device, the model's identity,
     this machine): what a sweep's record keeps, and what ``calibrate(recorded=...)`` reads back."""
-    return {_key(model, precision, device, threads): asdict(costs[(model.name, precision)])
-            for model, precision in pairs if (model.name, precision) in costs}
+    return {_key(model, label, device, threads): asdict(costs[(model.name, label)])
+            for model, label in pairs if (model.name, label) in costs}
 
 
-def calibrated_precision(config: TrialConfig) -> str:
-    """The precision whose step cost estimates ``config``: its own, or for an engine the budget does
-    not calibrate (``Engine.calibrated``) the default engine's reference precision, an upper bound there."""
+def measuring_engine(name: str) -> str | None:
+    """The engine whose own step estimates a trial on engine ``name``: itself where its backend
+    measures its steps (``Engine.measures_steps``), else the first engine it builds on that does
+    (a server on the in-process engine whose files it serves); None where neither does."""
+    engine = engines.get(name)
+    for candidate in (engine, *(engines.get(base) for base in engine.builds_on)):
+        if candidate.measures_steps:
+            return candidate.name
+    return None
+
+
+def calibrated_as(config: TrialConfig, precision: str | None = None) -> str:
+    """The step label whose cost estimates ``config`` (or its weights in ``precision``, a draft's): the
+    weights on the engine that measures them (``measuring_engine``); for an engine with none, its
+    precision on the default engine (``Engine.calibrated``), else the default engine's reference
+    precision, an upper bound there."""
+    precision = precision or config.stack.precision
+    engine = measuring_engine(config.stack.engine)
+    if engine is not None:
+        return step_label(engine, precision)
     if engines.get(config.stack.engine).calibrated:
-        return config.stack.precision
+        return precision
     return reference_precision(config.entry(), config.device)
 
 
+def draft_calibrated_as(config: TrialConfig) -> str:
+    """The step label of a speculative trial's draft model: its own weights where the stack names them."""
+    return calibrated_as(config, config.stack.draft_precision or config.stack.precision)
+
+
 def pairs_needed(configs: list[TrialConfig]) -> set[tuple[ModelEntry, str]]:
-    """(model entry, precision) pairs whose step cost the estimate of ``configs`` reads."""
+    """(model entry, step label) pairs whose step cost the estimate of ``configs`` reads."""
     pairs = set()
     for c in configs:
-        pairs.add((c.entry(), calibrated_precision(c)))
+        pairs.add((c.entry(), calibrated_as(c)))
         if c.stack.draft_model:
-            pairs.add((c.entry(c.stack.draft_model), c.stack.precision))
+            pairs.add((c.entry(c.stack.draft_model), draft_calibrated_as(c)))
         if groups.get(c.group).calibrates_reference:
             pairs.add((c.entry(), reference_precision(c.entry(), c.device)))
     return pairs
@@ -332,7 +369,7 @@ class Estimate:
         """The draft model's steps of a speculative trial: k per round, about two tokens per target
         pass (0 for prompt lookup, or a draft that could not load)."""
         s, w = self.config.stack, self.config.workload
-        draft = self.step(s.draft_model, s.precision) if s.draft_model else None
+        draft = self.step(s.draft_model, draft_calibrated_as(self.config)) if s.draft_model else None
         if draft is None:
             return 0.0
         return w.max_new_tokens * self.config.repeats * self.prompts / 2 * s.num_draft_tokens * draft.decode_s
@@ -356,7 +393,7 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
     timed passes where it has none), loading, and the per-trial overhead. ``references`` collects
     reference runs already counted (a worker measures a group's reference once and reuses it)."""
     references = set() if references is None else references
-    precision = calibrated_precision(config)
+    precision = calibrated_as(config)
     cost = costs.get((config.model, precision))
     if cost is None:
         return TRIAL_OVERHEAD_S                                  # fails at once (missing package)
@@ -500,9 +537,10 @@ def format_calibration(costs: dict[tuple[str, str], StepCost], device: str) -> s
     from trials.measurement.hardware import precision_is_native
 
     width = max([len("model"), *(len(model) for model, _ in costs)]) + 2
-    lines = [f"  {'model':<{width}}{'precision':<11}{'decode ms/step':>15}{'prefill ms/token':>18}{'load s':>8}"]
+    kind = max([len("precision") + 2, *(len(precision) + 2 for _, precision in costs)])
+    lines = [f"  {'model':<{width}}{'precision':<{kind}}{'decode ms/step':>15}{'prefill ms/token':>18}{'load s':>8}"]
     for (model, precision), c in sorted(costs.items()):
         note = "" if precision_is_native(precision, device) else "  (emulated on this CPU)"
-        lines.append(f"  {model:<{width}}{precision:<11}{c.decode_s * 1e3:>15.1f}{c.prefill_token_s * 1e3:>18.2f}"
+        lines.append(f"  {model:<{width}}{precision:<{kind}}{c.decode_s * 1e3:>15.1f}{c.prefill_token_s * 1e3:>18.2f}"
                      f"{c.load_s:>8.1f}{note}")
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import tracking
-from sweeps import record
+from sweeps import budget, record
 from sweeps.deferral import Deadline, describe_deferred
 from sweeps.fitting import AGAIN, beside_work, budget_seconds, calibrate, plan_run, size_plan
 from sweeps.launch import collect_outcomes, planned_workers, run_tune, start_local_ray, trial_threads
@@ -70,7 +70,10 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
         if trains_beside(args, device, zoo_sets, flat(split_stages(trials)[0])):
             start_local_ray(phases)
             reservation_path = str(Path(tempfile.gettempdir()) / f"llm-sweeps-{sweep_id}-cpus.json")
-            job = ZooBeside(zoo_sets, set(), device, trial_threads(args, device), reservation_path, {})
+            zoo_pairs = {pair for pair in budget.pairs_needed(flat(trials)) if pair[0].source == "zoo"} \
+                if budget_s is not None else set()
+            job = ZooBeside(zoo_sets, set(), device, trial_threads(args, device), reservation_path,
+                            dict(cache=sizing.file, recorded=sizing.recorded, recalibrate=args.recalibrate), zoo_pairs)
             log.info("%s, beside the trials whose models need no build", job.what)
             phases.zoo_beside = job.what
             away = cpus.away_from(job.cpus)
@@ -84,7 +87,10 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
             else:
                 phases.zoo_s = time.perf_counter() - phase        # the zoo's build too
             phase = time.perf_counter()
-            costs = calibrate(trials, args, device, sizing) if budget_s is not None else {}
+            costs = calibrate(trials, args, device, sizing, skip_zoo=job is not None) if budget_s is not None else {}
+            if job is not None and budget_s is not None:     # the zoo's, timed on its own core meanwhile
+                costs.update(job.costs_before_training())
+                sizing.used.update(budget.keyed(zoo_pairs, costs, device, trial_threads(args, device)))
             phases.calibrate_s = time.perf_counter() - phase
     except ConfigError as exc:
         print(f"python sweeps/full.py: error: {one_line(exc)}", file=sys.stderr)

@@ -28,11 +28,15 @@ def budget_seconds(args: argparse.Namespace, device: str) -> float | None:
     return budget.parse_budget(args.budget or DEFAULT_BUDGET[chosen_profile(args, device).base])
 
 
-def calibrate(trials: dict[str, list[TrialConfig]], args, device: str, sizing, measure: bool = True) -> dict:
+def calibrate(trials: dict[str, list[TrialConfig]], args, device: str, sizing, measure: bool = True,
+              skip_zoo: bool = False) -> dict:
     """The step costs of the trials' models: as the store's sweep records keep them, else this
     machine's cached calibration of the sweep's purpose, else measured now (``measure`` False: only
-    what is known). Adds them to ``sizing.used`` (``sweeps.record.Sizing``), what the sweep's record keeps."""
+    what is known; ``skip_zoo``: not the zoo's, which its build beside the trials times on its own core).
+    Adds them to ``sizing.used`` (``sweeps.record.Sizing``), what the sweep's record keeps."""
     pairs, threads = budget.pairs_needed(flat(trials)), trial_threads(args, device)
+    if skip_zoo:
+        pairs = {pair for pair in pairs if pair[0].source != "zoo"}
     costs = budget.calibrate(pairs, device, threads, recalibrate=args.recalibrate, cache=sizing.file,
                              recorded=sizing.recorded, measure=measure)
     sizing.used.update(budget.keyed(pairs, costs, device, threads))

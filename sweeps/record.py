@@ -7,7 +7,9 @@ again. So each sweep keeps the step costs it sized with in its store (``tracking
 run of the ``sweeps`` experiment, written before its trials start), and the next sweep on that store
 takes its step costs from there (``read``): this purpose's newest record first, then the other
 sweeps' on the store, and only pairs no record holds (new models, new precisions) from this
-machine's cache of its purpose (``budget.cache_file``), or measured. ``--recalibrate`` ignores the
+machine's cache of its purpose (``budget.cache_file``), or measured. A record from before engines
+measured their own steps (no ``STEP_LABELS``) sized every engine's trials from the default engine's
+reference step: its costs are read so again (``budget.legacy_entries``). ``--recalibrate`` ignores the
 records; ``--rerun`` and a budget other than the last one's measure again too: each is said in one
 line before anything runs (``say_what_is_measured_again``).
 """
@@ -27,6 +29,8 @@ from sweeps.fitting import duration
 from trials.redaction import redact
 
 log = logging.getLogger("sweeps")
+
+STEP_LABELS = "step_labels"     # a record whose step costs carry their engine (``budget.step_label``)
 
 
 def purpose(args) -> str:
@@ -68,6 +72,8 @@ def read(uri: str, args, budget_s: float | None) -> Sizing:
         if isinstance(calibration, dict):
             entries = {key: cost for key, cost in calibration.items() if isinstance(cost, dict)}
             sizing.recorded.update(entries)
+            if not record.get(STEP_LABELS):
+                sizing.recorded.update(budget.legacy_entries(entries))
             sizing.recorded_by.update(dict.fromkeys(entries, record["sweep_id"]))
     return sizing
 
@@ -80,6 +86,7 @@ def write(uri: str, sizing: Sizing, sweep_id: str, args, device: str, workers: i
     record = {"sweep_id": sweep_id, "purpose": sizing.purpose, "sweep_file": args.sweep,
               "written": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": sizing.budget_s, "device": device,
               "workers": workers, "calibration_file": str(sizing.file), "calibration": sizing.used,
+              STEP_LABELS: True,
               "deferred": {group: {"trials": n, "minutes": round(m, 2)} for group, (n, m) in (deferred or {}).items()}}
     try:
         tracking.record_sweep(uri, record)

@@ -35,8 +35,20 @@ class Built:
 
 
 @ray.remote(num_cpus=1, max_retries=0)
+def calibrate_stand_ins(pairs: set, device: str, threads: int, cpus: list[int], sizing: dict) -> dict:
+    """The zoo's step costs before it is trained (``budget.calibrate`` times each model's random-weight
+    stand-in), on the core the zoo will train on, while the driver calibrates the other models on theirs."""
+    from sweeps import budget
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("sweeps.budget").setLevel(logging.INFO)
+    cores.pin(cpus)
+    return budget.calibrate(pairs, device, threads, **sizing) if pairs else {}
+
+
+@ray.remote(num_cpus=1, max_retries=0)
 def build_and_calibrate(set_names: list[str], pairs: set, device: str, threads: int, cpus: list[int],
-                        reservation_path: str, what: str, sizing: dict) -> Built:
+                        reservation_path: str, what: str, sizing: dict, after=None) -> Built:
     """Train the zoo, then calibrate ``pairs`` as the driver would (``sizing``: ``budget.calibrate``'s
     cache file, the store's recorded step costs, --recalibrate)."""
     from sweeps import budget
@@ -58,16 +70,23 @@ class ZooBeside:
     """The driver's handle on the task: start it, ask whether it is done, the window it ran in."""
 
     def __init__(self, set_names: list[str], pairs: set, device: str, threads: int, reservation_path: str,
-                 sizing: dict | None = None):
+                 sizing: dict | None = None, stand_in_pairs: set | None = None):
         machine = sorted(cores.current())
         self.cpus = machine[-1:]                      # the last core; the trials get the others
         self.what = f"zoo training ({', '.join(set_names)} set) on CPU {cores.describe(self.cpus)}"
         self.path = reservation_path
         self.started = time.time()
+        # first the stand-ins' step costs (``costs_before_training``), then the build on the same core
+        self.calibration = calibrate_stand_ins.remote(stand_in_pairs or set(), device, threads, self.cpus,
+                                                      sizing or {})
         self.ref = build_and_calibrate.remote(set_names, pairs, device, threads, self.cpus, reservation_path,
-                                              self.what, sizing or {})
+                                              self.what, sizing or {}, after=self.calibration)
         self.result: Built | None = None
         self.error: str | None = None
+
+    def costs_before_training(self) -> dict:
+        """The zoo's step costs from its stand-ins (waits for them; the sized plan needs them)."""
+        return ray.get(self.calibration)
 
     def wait_until_reserved(self, timeout_s: float = 120.0) -> None:
         """Until the task holds its core (so no trial starts there first) or has ended."""

@@ -140,6 +140,9 @@ def test_a_sweep_past_its_budget_defers_and_the_next_runs_exactly_what_it_deferr
     assert f"Deferred to the next run: {deferred} trial(s)" in first.stdout and "the same command again" in first.stdout
     assert one["tune_s"] <= 1.5 * budget_s + 15, (one["tune_s"], budget_s)     # Tune's start-up is not a trial's
     assert one["estimates"] and all(row["measured_s"] > 0 for row in one["estimates"].values())
+    from dashboard.app import deferred_line
+
+    assert f"deferred {deferred} trial(s) to the next run" in deferred_line(uri)       # the page says it too
     runs_after_first = {g: set(tracking.runs_frame(uri, g)["run_id"]) for g in ("baseline", "batching")}
 
     second = run_sweep(*common, "--budget", f"{budget_s}s", "--summary-json", str(tmp_path / "two.json"), env=env)
@@ -150,6 +153,7 @@ def test_a_sweep_past_its_budget_defers_and_the_next_runs_exactly_what_it_deferr
         frame = tracking.runs_frame(uri, group)
         assert before <= set(frame["run_id"])                           # nothing measured again
         assert frame["tags.config_hash"].is_unique
+    assert deferred_line(uri) == ""
 
     third = run_sweep(*common, "--budget", f"{budget_s}s", "--dry-run", env=env)
     planned = one["finished"] + deferred

@@ -48,7 +48,8 @@ def test_sweep_writes_finished_runs(quick_sweep):
     assert set(native["fp32"]) == {"True"}
     assert set(native["bf16"]) == {str(cpu_profile().bf16_native)}
     for needle in ("Calibration (what one step costs here", "tiny-gqa", "Estimated: ~", "Phases: zoo",
-                   "even at the floors: the budget shrinks workloads, never the set of trials"):   # 10 s
+                   "This run, with --no-defer: every trial, past --budget 10 s",             # 10 s, --no-defer
+                   "Estimated against measured (trial minutes"):
         assert needle in out, (needle, quick_sweep.log())
     raw = tracking.read_trial_artifact(uri, frame["run_id"].iloc[0])
     assert raw["raw"]["outputs"] and raw["raw"]["repeats"]

@@ -6,6 +6,10 @@ with, the stacks and models it refuses (with the reason, at plan time), its colo
 points at the module that runs it in a worker (``Backend``: load, generate, score, describe), so a
 technique's runner asks the stack's engine instead of branching on its name. ``trials.engines``
 discovers the folders (and the modules named in ``$LLM_SWEEPS_ENGINES``).
+
+An engine whose backend times its own step (``Engine.measures_steps``: ``step_cost``) sizes its
+trials from its own kernels: the budget calibrates its weights with it, and a server built on it
+(``Engine.builds_on``) with the same measurement, instead of the default engine's reference step.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ class Engine:
     guard: Callable[[object], str | None]       # why a stack cannot run on it, or None
     package: str                                # the Python package that runs it (planned only where installed)
     backend: str                                # the module implementing ``Backend`` (imported in a worker)
-    calibrated: bool = True                     # the budget calibrates its precisions' step costs; else
-    #                                             it estimates from the default engine's reference precision
+    calibrated: bool = True                     # where neither it nor an engine it builds on measures its
+    #                                             own steps: the budget times its precisions on the default
+    #                                             engine; else the default engine's reference precision
+    measures_steps: bool = False                # its backend times its own step (``Backend.step_cost``)
     sixteen_bit: tuple[str, ...] = ()           # its 16-bit weights, the base of its effects (the first native one)
     four_bit: tuple[str, ...] = ()              # its 4-bit weights
     cache_group_size: bool = False              # its quantized cache takes ``Stack.kv_group_size``
@@ -112,6 +118,17 @@ class Engine:
         return self.guard(stack)
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """What a model costs on an engine in one weight type, at batch 1 on a trial's threads: what the
+    budget estimates every trial from (``sweeps.budget``)."""
+
+    decode_s: float          # one decode step (median of a few, with a KV cache)
+    prefill_token_s: float   # per token of one prefill
+    load_s: float
+    measured_at: str = ""
+
+
 class Backend(Protocol):
     """What a trial asks of an engine in a worker; each engine's ``backend`` module defines these.
 
@@ -129,6 +146,9 @@ class Backend(Protocol):
     ``teacher_forced(config, loaded, prompts, stack)`` -> (log-probabilities, true tokens) per prompt:
     each prompt's last tokens fed one at a time through a cache of ``stack``'s kind, as decoding
     reads it; or a string saying why the engine does not score that way.
+    ``step_cost(entry, precision, device, threads, prefill_tokens, decode_steps)`` -> ``StepCost``
+    (only where ``Engine.measures_steps``): one prefill and a few decode steps at batch 1 on
+    ``threads``, timed on the engine's own kernels, for the budget.
     """
 
     def load(self, config): ...

@@ -15,6 +15,7 @@ from trials.engines.llama_cpp import generation, tools
 from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.engines.llama_cpp.generation import facts, generate_batch   # noqa: F401  (the interface)
 from trials.engines.llama_cpp.spec import KV_TYPES, NAME
+from trials.engines.llama_cpp.step_cost import measure as step_cost   # noqa: F401  (the interface)
 from trials.engines.spec import Prepared
 from trials.errors import ConfigError
 from trials.loop import decode_rates, trial_prompts

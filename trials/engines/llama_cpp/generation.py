@@ -105,10 +105,11 @@ def materialize(arguments: dict[str, object]) -> dict[str, object]:
     return {name: real(value) for name, value in arguments.items()}
 
 
-def open_llama(path: pathlib.Path, arguments: dict[str, object], seed: int):
-    """A ``llama_cpp.Llama`` on ``path`` with ``arguments``, on the trial's threads."""
+def open_llama(path: pathlib.Path, arguments: dict[str, object], seed: int, n_threads: int | None = None):
+    """A ``llama_cpp.Llama`` on ``path`` with ``arguments``, on ``n_threads`` (default: the trial's threads)."""
     llama_cpp = require_llama_cpp()
-    return llama_cpp.Llama(model_path=str(path), n_threads=threads(), n_threads_batch=threads(), seed=seed,
+    n_threads = n_threads or threads()
+    return llama_cpp.Llama(model_path=str(path), n_threads=n_threads, n_threads_batch=n_threads, seed=seed,
                            verbose=False, **materialize(arguments))
 
 

@@ -28,6 +28,7 @@ from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.errors import ConfigError
 from trials.models import integrity, pypi
 from trials.models.registry import ModelEntry
+from trials.models.zoo import stand_in
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ FTYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
 def gguf_dir(entry: ModelEntry) -> pathlib.Path:
     if entry.source == "pypi":
         return pypi.pypi_dir() / "gguf" / entry.location
+    if entry.source == "local" and (beside := stand_in.derived_dir(pathlib.Path(entry.location))) is not None:
+        return beside                       # a random-weight stand-in's GGUFs go with it, never into the cache
     where = hashlib.sha256(entry.location.encode()).hexdigest()[:10]
     return pathlib.Path(os.environ.get(GGUF_DIR_ENV) or DEFAULT_GGUF_DIR).expanduser() / f"{entry.name}-{where}"
 

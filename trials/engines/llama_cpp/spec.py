@@ -57,7 +57,7 @@ def shipped(entry) -> str | None:
 
 SPEC = Engine(NAME, "llama.cpp (llama-cpp-python)", GGUF_TYPES, {"ggml": (8, 4)}, guard, "llama_cpp",
               "trials.engines.llama_cpp.backend",
-              calibrated=False,     # the budget's transformers reference step: an upper bound here
+              measures_steps=True,  # the budget sizes its trials from its own step (step_cost.py)
               sixteen_bit=("f16",), four_bit=("q4_0", "q4_1", "q4_k_m"), proposers=("prompt_lookup",),
               devices=("cpu",), model_refusal=model_refusal, shipped=shipped, color="#EF553B",
               weight_word="GGUF weights", version_tag="llama_cpp_python",

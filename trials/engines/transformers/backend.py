@@ -9,6 +9,7 @@ from trials.engines.spec import Prepared
 from trials.engines.transformers import compiled, generation
 from trials.engines.transformers.teacher_forced import teacher_forced   # noqa: F401  (the interface)
 from trials.engines.transformers.generation import facts, generate_batch   # noqa: F401  (the interface)
+from trials.engines.transformers.step_cost import measure as step_cost   # noqa: F401  (the interface)
 from trials.loop import trial_prompts
 from trials.measurement.quality import transformers_logits
 from trials.models import loading

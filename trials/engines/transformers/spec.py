@@ -17,5 +17,5 @@ SPEC = Engine("transformers", "transformers generate()", PRECISIONS, {"hqq": (8,
               guard, "transformers", "trials.engines.transformers.backend",
               sixteen_bit=("bf16", "fp32"),      # bf16, else fp32 where bf16 is emulated (the fast precision)
               four_bit=("nf4", "gptq"), cache_group_size=True, cache_scored=False,
-              speculates_on_quantized_cache=False, proposers=("draft", "prompt_lookup"),
+              speculates_on_quantized_cache=False, proposers=("draft", "prompt_lookup"), measures_steps=True,
               as_code="trials.engines.transformers.arguments:code_for", color="#636EFA")

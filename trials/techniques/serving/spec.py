@@ -20,16 +20,28 @@ def guard(stack) -> str | None:
     return None
 
 
+def batched_speedup(step, in_flight: int) -> float:
+    """How many times the single-stream token rate ``in_flight`` sequences decoding together get: a
+    step of b tokens reads the weights once and computes b tokens, ~ one decode step plus b - 1
+    prompt tokens' worth of compute (``step``: the engine's own step cost at batch 1)."""
+    return in_flight * step.decode_s / (step.decode_s + (in_flight - 1) * step.prefill_token_s)
+
+
 def cost(config, estimate) -> float:
-    """The server's start (its engine's ``start_s``), the warm-up and single-stream point (one request at a time), each
-    concurrency level (at least as long as its requests one at a time divided by the slots), each
-    Poisson point (its requests' arrival span, or the single-stream time past capacity), and parity
-    (each prompt once through the server and once in-process)."""
-    load, slots = config.load, config.stack.batch_size
-    request_s = estimate.generate_s(estimate.cost, config.workload.max_new_tokens, 1, 1) / max(1, estimate.prompts)
+    """The server's start (its engine's ``start_s``), then the trial's load at the rate the stack
+    serves, from the step cost of the engine that runs its weights (``estimate.cost``): one request
+    alone is its prompt's prefill and its new tokens' decode steps; the warm-up and single-stream
+    point send them one at a time; a concurrency level keeps min(level, slots) decoding together
+    (``batched_speedup``); a Poisson point lasts its arrival span (requests / rate, the rate a multiple
+    of the single-stream one) or, past what the slots sustain, the time they take to serve its
+    requests, plus the last request's own time; parity sends each prompt once to the server and once
+    in-process."""
+    load, slots, step = config.load, config.stack.batch_size, estimate.cost
+    request_s = estimate.prompt_tokens * step.prefill_token_s + config.workload.max_new_tokens * step.decode_s
+    served_s = load.requests * request_s / batched_speedup(step, slots)
     single = (load.warmup + load.requests) * request_s
-    levels = sum(load.requests * request_s / min(c, slots) for c in load.concurrency if c != 1)
-    rates = sum(load.requests * request_s / min(m, slots) for m in load.rates)
+    levels = sum(load.requests * request_s / batched_speedup(step, min(c, slots)) for c in load.concurrency if c != 1)
+    rates = sum(max(load.requests * request_s / m, served_s) + request_s for m in load.rates)
     parity = 2 * estimate.prompts * request_s
     return engines.get(config.stack.engine).start_s + single + levels + rates + parity
 
