@@ -43,6 +43,7 @@ beside the measured time when it ends.
 from __future__ import annotations
 
 import importlib
+import contextlib
 import json
 import logging
 import math
@@ -88,6 +89,11 @@ TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors,
 # zoo's models; `llm-report` prints the growth each model showed in a store's
 # batching runs (README, "Why the sizes").
 BATCH_STEP_GROWTH = 0.07
+# A trained token against a calibration's prefill token: forward and backward (~3 forward passes) over
+# batches of 2 x 256 tokens, which run ~2x more efficiently per token than a 32-token prefill at batch 1;
+# a distilled draft's teacher adds its forward. Priors, checked against each build (the summary prints both).
+TRAIN_TOKEN_PREFILLS = 1.5
+TEACHER_TOKEN_PREFILLS = 0.5
 # Each level: (divisor of new tokens, divisor of prompts per type and perplexity windows, repeats
 # taken away). Level 0 is the profile as written.
 LEVELS = ((1, 1, 0), (2, 1, 0), (2, 2, 0), (2, 2, 1), (4, 2, 1), (4, 4, 1), (4, 4, 2), (8, 4, 2),
@@ -216,16 +222,6 @@ def _known(known: dict, model: ModelEntry, label: str, device: str, threads: int
     return None
 
 
-def _measure(model: ModelEntry, label: str, device: str, threads: int) -> StepCost:
-    """``measure_step_cost``, on a zoo model's random-weight stand-in while it is not trained yet."""
-    if model.source != "zoo" or zoo.is_built(model.location):
-        return measure_step_cost(model, label, device, threads)
-    from trials.models.zoo.stand_in import stand_in
-
-    with stand_in(model.location) as folder:
-        return measure_step_cost(replace(model, source="local", location=str(folder)), label, device, threads)
-
-
 def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, recalibrate: bool = False,
               cache: Path | None = None, recorded: dict | None = None,
               measure: bool = True) -> dict[tuple[str, str], StepCost]:
@@ -253,10 +249,36 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, rec
     log.info("calibrating %d model/precision pair(s) on %d thread(s): one prefill and %d decode "
              "steps each", len(todo), threads, DECODE_STEPS)
     measured: dict[str, dict] = {}
+    with contextlib.ExitStack() as stand_ins:
+        _calibrate_each(todo, device, threads, costs, measured, _StandIns(stand_ins))
+    _write_cache(measured, cache)
+    return costs
+
+
+class _StandIns:
+    """Each zoo model not trained yet as one random-weight stand-in for all its pairs (an engine that
+    converts it converts it once), removed when the calibration ends."""
+
+    def __init__(self, stack: contextlib.ExitStack):
+        self.stack, self.entries = stack, {}
+
+    def __call__(self, model: ModelEntry) -> ModelEntry:
+        if model.source != "zoo" or zoo.is_built(model.location):
+            return model
+        if model.name not in self.entries:
+            from trials.models.zoo.stand_in import stand_in
+
+            folder = self.stack.enter_context(stand_in(model.location))
+            self.entries[model.name] = replace(model, source="local", location=str(folder))
+        return self.entries[model.name]
+
+
+def _calibrate_each(todo, device: str, threads: int, costs: dict, measured: dict, stand_ins: _StandIns) -> None:
+    """Measure each (model, label) of ``todo`` into ``costs`` and ``measured`` (by calibration key), saying each."""
     for i, (model, label) in enumerate(todo, 1):
         started = time.perf_counter()
         try:
-            cost = _measure(model, label, device, threads)
+            cost = measure_step_cost(stand_ins(model), label, device, threads)
         except (ConfigError, ImportError) as exc:
             log.info("  [%d/%d] %s %s: not calibrated (%s)", i, len(todo), model.name, label,
                      str(exc).splitlines()[0])
@@ -273,8 +295,6 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, rec
         log.info("  [%d/%d] %s %s: %.1f ms per decode step, %.2f ms per prefill token (%.1f s)",
                  i, len(todo), model.name, label, cost.decode_s * 1e3, cost.prefill_token_s * 1e3,
                  time.perf_counter() - started)
-    _write_cache(measured, cache)
-    return costs
 
 
 def keyed(pairs: set[tuple[ModelEntry, str]], costs: dict[tuple[str, str], StepCost], device: str,
@@ -418,8 +438,8 @@ def estimate_seconds(configs: list[TrialConfig], costs: dict[tuple[str, str], St
 
 def zoo_build_seconds(set_names: list[str], costs: dict[tuple[str, str], StepCost]) -> float:
     """What training the zoo's ``set_names`` beside the trials takes of one core, estimated from the
-    recipes' tokens and the calibrated prefill cost per token (a training step is ~3 forward passes,
-    a distilled draft's also runs its teacher's forward); the summary prints what it took."""
+    recipes' tokens and the calibrated prefill cost per token (``TRAIN_TOKEN_PREFILLS`` per trained
+    token, a teacher's forward ``TEACHER_TOKEN_PREFILLS``); the summary prints what it took."""
     precision = zoo.train_precision()
     total = 0.0
     for name in (n for set_name in set_names for n in zoo.ZOO_SETS[set_name]):
@@ -428,7 +448,8 @@ def zoo_build_seconds(set_names: list[str], costs: dict[tuple[str, str], StepCos
         if own is None:
             continue
         teacher = costs.get((recipe.distill_from, precision)) or costs.get((recipe.distill_from, "fp32"))
-        per_token = 3 * own.prefill_token_s + (teacher.prefill_token_s if teacher else 0.0)
+        per_token = (TRAIN_TOKEN_PREFILLS * own.prefill_token_s
+                     + (TEACHER_TOKEN_PREFILLS * teacher.prefill_token_s if teacher else 0.0))
         total += recipe.train_steps * recipe.batch_size * recipe.seq_len * per_token
     return total
 

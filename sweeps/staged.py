@@ -4,7 +4,8 @@ trials arrive in stages, each started only while the budget admits it.
 A grid fixes every trial before the first starts, but a fresh machine cannot run the zoo's trials
 before the zoo is trained. ``StagedSearcher`` gives Tune the first stage's trials in order and asks
 ``later`` (a callable, polled each time Tune wants a trial) for the next stage's; the moment they
-arrive they join the trials not yet started, in ``order`` (the sweep's priority order). Before a trial
+arrive they join the trials not yet started, in ``order`` (the sweep's priority order); until then a
+trial that holds every core of its node waits in the queue (the build holds one). Before a trial
 is handed out, ``deadline`` (``sweeps.deferral.Deadline``) says whether it can end before the budget
 does; one that cannot is deferred to the next run, and the next one in line is asked. It says
 FINISHED when both stages are given out. Tune's own loop, resources, retries and callbacks stay as they are.
@@ -18,6 +19,7 @@ from typing import Callable
 
 from ray.tune.search import Searcher
 
+from sweeps.deferral import holds_node
 from trials.config import TrialConfig
 
 
@@ -38,11 +40,21 @@ class StagedSearcher(Searcher):
                 self.later = None
             elif not self.queue:
                 return None           # not ready yet: Tune asks again
-        while self.queue:
-            config = self.queue.pop(0)
+        while (config := self._next()) is not None:
             if self.deadline is None or self.deadline.admits(config):
                 return {"trial": config.to_dict()}
+        if self.queue:
+            return None               # only trials that hold the node, which wait for the zoo's core
         return None if self.later is not None else Searcher.FINISHED
+
+    def _next(self) -> TrialConfig | None:
+        """The first queued trial that can start: while the later stage is still being built beside the
+        trials (on a core of its own), not one that holds every core of the node: its request would wait
+        for that core, and Ray grants requests in order, so every trial behind it would wait too."""
+        for i, config in enumerate(self.queue):
+            if self.later is None or not holds_node(config):
+                return self.queue.pop(i)
+        return None
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         pass                          # a sweep, not a search: results change nothing that follows

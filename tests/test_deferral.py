@@ -158,3 +158,20 @@ def test_a_sweep_past_its_budget_defers_and_the_next_runs_exactly_what_it_deferr
     third = run_sweep(*common, "--budget", f"{budget_s}s", "--dry-run", env=env)
     planned = one["finished"] + deferred
     assert f"total: {planned} trials, {planned} already finished" in third.stdout, third.stdout[-3000:]
+
+
+def test_a_trial_that_holds_its_node_waits_while_the_zoo_holds_a_core():
+    """While the later stage builds beside the trials, a node-holding trial stays queued and the next one
+    starts (Ray grants resource requests in order: one waiting for the zoo's core would stall the rest);
+    once the zoo's trials arrive it is handed out in its turn."""
+    from sweeps.staged import StagedSearcher
+
+    held = TrialConfig(group="serving", model="tiny-gqa", stack=Stack("f16", engine="llama_server"),
+                       workload=Workload("prose", 1, 8))
+    plain = _config("tiny-gqa")
+    ready: list = [None]
+    searcher = StagedSearcher([held, plain], lambda: ready[0])
+    assert TrialConfig.from_dict(searcher.suggest("0")["trial"]).config_hash == plain.config_hash
+    assert searcher.suggest("1") is None                                  # only the held one: ask again
+    ready[0] = []
+    assert TrialConfig.from_dict(searcher.suggest("2")["trial"]).config_hash == held.config_hash
