@@ -89,11 +89,12 @@ TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors,
 # zoo's models; `llm-report` prints the growth each model showed in a store's
 # batching runs (README, "Why the sizes").
 BATCH_STEP_GROWTH = 0.07
-# A trained token against a calibration's prefill token: forward and backward (~3 forward passes) over
-# batches of 2 x 256 tokens, which run ~2x more efficiently per token than a 32-token prefill at batch 1;
-# a distilled draft's teacher adds its forward. Priors, checked against each build (the summary prints both).
-TRAIN_TOKEN_PREFILLS = 1.5
-TEACHER_TOKEN_PREFILLS = 0.5
+# A trained token against a calibration's prefill token: forward and backward, ~3 forward passes; a
+# distilled draft's teacher adds its forward. Priors, checked against each build beside the trials
+# (the summary prints both): larger training batches run more efficiently per token, but the build
+# shares the machine with the trials and builds beside it, and the two roughly cancel.
+TRAIN_TOKEN_PREFILLS = 3.0
+TEACHER_TOKEN_PREFILLS = 1.0
 # Each level: (divisor of new tokens, divisor of prompts per type and perplexity windows, repeats
 # taken away). Level 0 is the profile as written.
 LEVELS = ((1, 1, 0), (2, 1, 0), (2, 2, 0), (2, 2, 1), (4, 2, 1), (4, 4, 1), (4, 4, 2), (8, 4, 2),

@@ -27,10 +27,11 @@ from sweeps import budget, record
 from sweeps.deferral import Deadline, describe_deferred
 from sweeps.fitting import AGAIN, beside_work, budget_seconds, calibrate, plan_run, size_plan
 from sweeps.launch import collect_outcomes, planned_workers, run_tune, start_local_ray, trial_threads
-from sweeps.plan import ensure_models, finished_configs, flat, is_finished, split_stages, zoo_sets_to_build
+from sweeps.plan import ensure_models, finished_configs, flat, is_finished, needs_zoo, split_stages, zoo_sets_to_build
 from sweeps.setup_beside import SetupBeside, commands_needed
 from sweeps.sharing import machine_sharing, print_sharing
-from sweeps.summary import Phases, estimated_and_measured, never_ran, print_estimates, print_phases, print_summary, write_summary_json
+from sweeps.summary import (Phases, estimated_and_measured, never_ran, print_estimates, print_phases, print_summary,
+                            write_summary_json)
 from sweeps.zoo_stage import ZooStage, stop, trains_beside
 from trials.config import TrialConfig
 from trials.errors import ConfigError
@@ -72,7 +73,7 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
             reservation_path = str(Path(tempfile.gettempdir()) / f"llm-sweeps-{sweep_id}-cpus.json")
             zoo_pairs = {pair for pair in budget.pairs_needed(flat(trials)) if pair[0].source == "zoo"} \
                 if budget_s is not None else set()
-            job = ZooBeside(zoo_sets, set(), device, trial_threads(args, device), reservation_path,
+            job = ZooBeside(zoo_sets, device, trial_threads(args, device), reservation_path,
                             dict(cache=sizing.file, recorded=sizing.recorded, recalibrate=args.recalibrate), zoo_pairs)
             log.info("%s, beside the trials whose models need no build", job.what)
             phases.zoo_beside = job.what
@@ -96,22 +97,21 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
         print(f"python sweeps/full.py: error: {one_line(exc)}", file=sys.stderr)
         stop(job, reservation_path)
         return 2
-    trials, fitted = size_plan(trials, costs, args, device)
+    trials, _ = size_plan(trials, costs, args, device)
     done = finished_configs(trials, args, uri)
     beside = beside_work(zoo_sets if job is not None else [], costs, setup) if budget_s is not None else {}
     chosen = plan_run(trials, costs, done, args, device, beside)
-    now, later = split_stages({"all": chosen.run}) if job is not None else ({"all": chosen.run}, {"all": []})
-    zoo_stage = ZooStage(later["all"], job, phases)
+    first_pending = [c for c in chosen.run if job is None or not needs_zoo(c)]     # priority order
+    zoo_stage = ZooStage([c for c in chosen.run if job is not None and needs_zoo(c)], job, phases)
     skipped = Counter(c.group for c in flat(trials) if is_finished(c, done))
     tracking.prepare_store(uri)
     record.write(uri, sizing, sweep_id, args, device, workers, deferred=chosen.per_group(chosen.deferred))
     record.say_what_is_measured_again(sizing, args)
     log.info("sweep %s: %d trials planned, %d to run%s, %d already finished (skipped), %d deferred to the next run",
              sweep_id, len(flat(trials)), len(chosen.run),
-             f" (the zoo's {len(later['all'])} once it is built)" if job else "",
+             f" (the zoo's {len(zoo_stage.planned)} once it is built)" if job else "",
              sum(skipped.values()), len(chosen.deferred))
     deadline = Deadline(None if chosen.capacity_s is None else budget_s, chosen.seconds, workers)
-    first_pending = now["all"]
     outcomes: list[dict] = []
     sharing: list[float] = []
     if first_pending or zoo_stage.pending or job:

@@ -1,12 +1,13 @@
-"""Train the zoo beside the first trials: a Ray task on one reserved core, then its calibration.
+"""Train the zoo beside the first trials: a Ray task on one reserved core, after its stand-ins' calibration.
 
 A fresh machine has no zoo, and training it takes minutes; the real models need only a conversion.
 So on local Ray the sweep starts this task first, runs the trials that need no zoo model meanwhile
-on the other cores, and plans the zoo's trials once the task returns their step costs
-(``sweeps.zoo_stage``). The task holds one CPU in Ray's accounting (Ray starts no trial on it), pins
+on the other cores. First a task times each zoo model's random-weight stand-in on that core while the
+driver calibrates the other models (the whole plan is sized with both), then the training task runs
+there; the zoo's trials join the queue once it returns (``sweeps.zoo_stage``). The task holds one CPU in Ray's accounting (Ray starts no trial on it), pins
 itself and its training process to one core (``sweeps.cpus``: each trial pins itself to the others
-while the reservation lives), trains in one process, calibrates the zoo models on that same core,
-and returns the costs with its time window, so each run can say that zoo training ran beside it.
+while the reservation lives), trains in one process, and returns its time window, so each run can
+say that zoo training ran beside it.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ from sweeps import cpus as cores
 
 @dataclass
 class Built:
-    """What the task returns: the zoo's step costs and when and where it trained."""
+    """What the training task returns: when and where it trained."""
 
-    costs: dict = field(default_factory=dict)
     started: float = 0.0          # unix seconds
-    built: float = 0.0            # training done, calibration starts
     ended: float = 0.0
     cpus: list[int] = field(default_factory=list)
     host: str = ""
@@ -47,29 +46,24 @@ def calibrate_stand_ins(pairs: set, device: str, threads: int, cpus: list[int], 
 
 
 @ray.remote(num_cpus=1, max_retries=0)
-def build_and_calibrate(set_names: list[str], pairs: set, device: str, threads: int, cpus: list[int],
-                        reservation_path: str, what: str, sizing: dict, after=None) -> Built:
-    """Train the zoo, then calibrate ``pairs`` as the driver would (``sizing``: ``budget.calibrate``'s
-    cache file, the store's recorded step costs, --recalibrate)."""
-    from sweeps import budget
+def train(set_names: list[str], cpus: list[int], reservation_path: str, what: str, after=None) -> Built:
+    """Train the zoo's ``set_names`` on ``cpus`` (held as reserved meanwhile); ``after``: a task's
+    result to wait for first (Ray resolves it before this starts)."""
     from trials.models import zoo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("trials.models.zoo").setLevel(logging.INFO)
-    logging.getLogger("sweeps.budget").setLevel(logging.INFO)
     started = time.time()
     with cores.reservation(reservation_path, cpus, what):
         for set_name in set_names:
             zoo.build(set_name, jobs=1)
-        built = time.time()
-        costs = budget.calibrate(pairs, device, threads, **sizing) if pairs else {}
-    return Built(costs, started, built, time.time(), list(cpus), socket.gethostname(), what)
+    return Built(started, time.time(), list(cpus), socket.gethostname(), what)
 
 
 class ZooBeside:
     """The driver's handle on the task: start it, ask whether it is done, the window it ran in."""
 
-    def __init__(self, set_names: list[str], pairs: set, device: str, threads: int, reservation_path: str,
+    def __init__(self, set_names: list[str], device: str, threads: int, reservation_path: str,
                  sizing: dict | None = None, stand_in_pairs: set | None = None):
         machine = sorted(cores.current())
         self.cpus = machine[-1:]                      # the last core; the trials get the others
@@ -79,8 +73,7 @@ class ZooBeside:
         # first the stand-ins' step costs (``costs_before_training``), then the build on the same core
         self.calibration = calibrate_stand_ins.remote(stand_in_pairs or set(), device, threads, self.cpus,
                                                       sizing or {})
-        self.ref = build_and_calibrate.remote(set_names, pairs, device, threads, self.cpus, reservation_path,
-                                              self.what, sizing or {}, after=self.calibration)
+        self.ref = train.remote(set_names, self.cpus, reservation_path, self.what, after=self.calibration)
         self.result: Built | None = None
         self.error: str | None = None
 
@@ -109,7 +102,7 @@ class ZooBeside:
         return True
 
     def window(self) -> tuple[float, float, str, str] | None:
-        """(start, end, host, what) of the training and its calibration, for the runs' machine-sharing tags;
+        """(start, end, host, what) of the training, for the runs' machine-sharing tags;
         for a task that did not return (stopped by Ctrl-C, failed, still running) from its start until now,
         so that no run that trained beside it reads "ran alone"."""
         if self.result is None:
