@@ -137,6 +137,8 @@ def ensure_models(configs: list[TrialConfig]) -> None:
 def is_finished(config: TrialConfig, done: dict[str, set[str]]) -> bool:
     """Whether the store already holds a FINISHED run of this exact config, for every group that
     charts it (a run of its own group's, or one that names it in ``charted_by``)."""
+    if not config.also_charted_by:
+        return config.config_hash in done.get(config.group, ())
     return all(config.charted_as(g).config_hash in done.get(g, ()) for g in config.charts)
 
 
