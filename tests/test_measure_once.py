@@ -28,7 +28,7 @@ def _args(models: list[str], names: str = "stacks,engines") -> argparse.Namespac
 
 
 def _shared(stack: Stack = Stack("nf4"), **fields) -> TrialConfig:
-    return TrialConfig("stacks", SMOL, stack, Workload("prose", 1, 8, eval_windows=2), repeats=2,
+    return TrialConfig("stacks", SMOL, stack, Workload("prose", 1, 4, eval_windows=1), repeats=2,
                        also_charted_by=("engines",), **fields)
 
 
@@ -78,10 +78,11 @@ def test_each_measurement_both_groups_plan_is_planned_once(real_models):
     assert estimate_seconds(alone["stacks"], costs) < once < twice
 
 
-def test_a_shared_run_is_one_run_both_groups_chart_and_skip(real_models, uri):
+def test_a_shared_run_is_one_run_both_groups_chart_and_skip(real_models, uri, monkeypatch):
     """The stacks runner measures NF4 on SmolLM2 once; the engines group's own numbers join that run
     (its roofline, its windowed quality, kept apart where the stacks runner scored the same name
     another way); both groups' frames hold the one run, and a second plan skips it, folded or not."""
+    monkeypatch.setenv("LLM_SWEEPS_MODEL_CACHE", "3")   # NF4, the base and the reference: none loaded twice
     config = _shared()
     result = run_trial(config)
     assert result.status == "FINISHED", result.error
@@ -102,6 +103,9 @@ def test_a_shared_run_is_one_run_both_groups_chart_and_skip(real_models, uri):
     cache.refresh()
     assert list(cache.frame("engines", latest=True)["run_id"]) == [run_id]
     assert cache.frame("engines").iloc[0]["kl_divergence"] == row["kl_divergence"]
+    from dashboard.sections import engines as section, stacks as design
+    assert section.figures(engines) and design.figures(stacks)           # both sections draw it
+    assert any("smollm2-135m-instruct" in line for line in section.report(engines))
 
     trials = {"stacks": [config], "engines": []}
     assert is_finished(config, finished_configs(trials, SKIP, uri))
