@@ -42,7 +42,8 @@ def read(uri: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     serving, in_process = groups_read()
     frames = [[tracking.runs_frame(uri, g, status=None) for g in names] for names in (serving, in_process)]
-    return tuple(pd.concat(f, ignore_index=True) if f else pd.DataFrame() for f in frames)
+    return tuple(pd.concat(f, ignore_index=True).drop_duplicates("run_id") if any(not x.empty for x in f)
+                 else pd.DataFrame() for f in frames)   # a run two groups chart: once
 
 
 @dataclass

@@ -421,6 +421,9 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
     estimate = Estimate(config, costs, cost, references)
     technique = groups.get(config.group)
     total = TRIAL_OVERHEAD_S + (technique.cost(config, estimate) if technique.cost else estimate.plain)
+    for other in map(groups.get, config.also_charted_by):     # groups that chart the same run: their
+        if other.shared_cost is not None:                     # own numbers on it, the measurement once
+            total += other.shared_cost(config.charted_as(other.name), estimate)
     return total + estimate.once(("load", config.model, precision), cost.load_s)
 
 
@@ -467,9 +470,9 @@ def shrink(config: TrialConfig, level: int, emulated: bool = False) -> TrialConf
     workload = replace(
         w, max_new_tokens=max(min(w.max_new_tokens, min_tokens), w.max_new_tokens // tokens_div),
         prompts_per_type=max(1, w.prompts_per_type // prompts_div))
-    technique = groups.get(config.group)
-    if technique.shrink is not None:
-        workload = technique.shrink(config, workload, prompts_div)
+    for technique in map(groups.get, config.charts):          # as every group that charts it shrinks it
+        if technique.shrink is not None:
+            workload = technique.shrink(config, workload, prompts_div)
     repeats = max(min(config.repeats, MIN_REPEATS), config.repeats - fewer_repeats)
     return replace(config, workload=workload, repeats=repeats)
 

@@ -2,9 +2,10 @@
 
 ``plan`` asks every chosen group for its trials (``trials.groups``; a sweep file's ``stacks:`` then
 selects among them), ``split_stages`` separates the trials whose models need no build from the
-zoo's (the budget's two stages, ``sweeps.fitting``), ``ensure_models`` builds or converts what the
-plan needs, and ``finished_configs`` says which configs the store already holds a FINISHED run of
-(skipped unless --rerun; --reuse also keeps one measured at another workload).
+zoo's (the budget's two stages, ``sweeps.fitting``); a measurement two groups plan is planned once
+(``sweeps.measure_once``), and finished once every group that charts it has it; ``ensure_models``
+builds or converts what the plan needs, and ``finished_configs`` says which configs the store already
+holds a FINISHED run of (skipped unless --rerun; --reuse also keeps one measured at another workload).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging.handlers
 from collections import Counter
 
 import tracking
+from sweeps import measure_once
 from sweeps.spaces import default_models
 from sweeps.sweepfile import profiles
 from trials import groups
@@ -38,7 +40,7 @@ def plan(args: argparse.Namespace, device: str, uri: str | None = None) -> dict[
         for name in trials:
             if groups.get(name).select is not None:
                 trials[name] = groups.get(name).select(trials[name], sweep.stacks, sweep.source)
-    return trials
+    return measure_once.fold(trials)
 
 
 def chosen_profile(args: argparse.Namespace, device: str):
@@ -135,8 +137,11 @@ def ensure_models(configs: list[TrialConfig]) -> None:
 # --- what already finished ----------------------------------------------------------------------------
 
 def is_finished(config: TrialConfig, done: dict[str, set[str]]) -> bool:
-    """Whether the store already holds a FINISHED run of this exact config."""
-    return config.config_hash in done.get(config.group, ())
+    """Whether the store already holds a FINISHED run of this exact config, for every group that
+    charts it (a run of its own group's, or one that names it in ``charted_by``)."""
+    if not config.also_charted_by:
+        return config.config_hash in done.get(config.group, ())
+    return all(config.charted_as(g).config_hash in done.get(g, ()) for g in config.charts)
 
 
 def finished_configs(trials: dict[str, list[TrialConfig]], args, uri: str) -> dict[str, set[str]]:
@@ -144,23 +149,36 @@ def finished_configs(trials: dict[str, list[TrialConfig]], args, uri: str) -> di
     the same configs measured at another workload, which is said either way)."""
     if args.rerun:
         return {}
-    done = {g: tracking.finished_hashes(uri, g) for g in trials}
+    done = {g: tracking.finished_hashes(uri, g) for g in _charting(trials)}
     elsewhere = measured_at_other_sizes(trials, done, uri)
     say_measured_elsewhere(elsewhere, args.reuse)
     if args.reuse:
-        done = {g: done[g] | {c.config_hash for c in cs if c.config_hash in elsewhere} for g, cs in trials.items()}
+        for config, _ in elsewhere.values():
+            for g in config.charts:
+                done[g] = done[g] | {config.charted_as(g).config_hash}
     return done
+
+
+def _charting(trials: dict[str, list[TrialConfig]]) -> list[str]:
+    """The planned groups, and any other group that charts a planned trial."""
+    return list(dict.fromkeys([*trials, *(g for c in flat(trials) for g in c.also_charted_by)]))
 
 
 def measured_at_other_sizes(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]],
                             uri: str) -> dict[str, tuple[TrialConfig, str]]:
     """Planned configs without a FINISHED run that the store measured at another workload:
     config_hash -> (the config, the size it was measured at)."""
-    found = {}
-    for group, configs in trials.items():
-        pending = [c for c in configs if not is_finished(c, done)]
-        subjects = tracking.finished_subjects(uri, group) if pending else {}
-        found.update({c.config_hash: (c, subjects[c.subject_hash]) for c in pending if c.subject_hash in subjects})
+    found, subjects = {}, {}
+    for config in flat(trials):
+        if is_finished(config, done):
+            continue
+        sizes = []
+        for g in config.charts:
+            if g not in subjects:
+                subjects[g] = tracking.finished_subjects(uri, g)
+            sizes.append(subjects[g].get(config.charted_as(g).subject_hash))
+        if all(sizes):
+            found[config.config_hash] = (config, sizes[0])
     return found
 
 
@@ -189,3 +207,6 @@ def print_plan(trials: dict[str, list[TrialConfig]], done: dict[str, set[str]]) 
     total = sum(len(c) for c in trials.values())
     to_skip = sum(is_finished(c, done) for cs in trials.values() for c in cs)
     print(f"total: {total} trials, {to_skip} already finished")
+    shared = measure_once.describe(trials)
+    if shared:
+        print(shared)

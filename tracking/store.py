@@ -40,6 +40,7 @@ from trials.redaction import redact
 from trials import groups
 
 TRIAL_ARTIFACT = "trial.json"
+CHARTED_BY = "charted_by"                # tag: every group that charts a shared run (sweeps.measure_once)
 SWEEPS_EXPERIMENT = "sweeps"             # one run per sweep: what sized it (not a chart group)
 SWEEP_ARTIFACT = "sweep.json"
 ARTIFACT_FOLDER = "mlartifacts"          # beside a sqlite store: its experiments' artifacts
@@ -336,18 +337,28 @@ def _experiment_id(client, group: str) -> str:
 
 
 def _finished_runs(uri: str, group: str):
-    """Every FINISHED run of ``group``, oldest first, page by page (none: the group has no experiment,
-    or the store is not there yet)."""
+    """Every FINISHED run ``group`` charts, oldest first, each with the tag prefix under which it keeps
+    that group's hashes: its own experiment's runs (``""``), then runs of other experiments whose
+    ``charted_by`` names it (``"<group>."``). None: no such experiment, or the store is not there yet."""
     if _not_there(uri):
         return
     client = _client(uri)
     experiment = client.get_experiment_by_name(group)
     if experiment is None:
         return
+    yield from ((run, "") for run in _search_pages(client, [experiment.experiment_id], "attributes.status = 'FINISHED'"))
+    others = [e.experiment_id for e in client.search_experiments() if e.experiment_id != experiment.experiment_id]
+    if others:
+        shared = f"attributes.status = 'FINISHED' and tags.{CHARTED_BY} LIKE '%{group}%'"
+        yield from ((run, f"{group}.") for run in _search_pages(client, others, shared)
+                    if group in run.data.tags[CHARTED_BY].split(",")[1:])
+
+
+def _search_pages(client, experiment_ids: list[str], filter_string: str):
     token = None
     while True:
-        page = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
-                                  max_results=1000, page_token=token, order_by=["attributes.start_time ASC"])
+        page = client.search_runs(experiment_ids, filter_string, max_results=1000, page_token=token,
+                                  order_by=["attributes.start_time ASC"])
         yield from page
         token = page.token
         if not token:
@@ -355,18 +366,19 @@ def _finished_runs(uri: str, group: str):
 
 
 def finished_hashes(uri: str, group: str) -> set[str]:
-    """``config_hash`` of every FINISHED run of ``group``: those configs need not run again."""
-    return {r.data.tags.get("config_hash", "") for r in _finished_runs(uri, group)} - {""}
+    """``config_hash`` of every FINISHED run ``group`` charts (its own, and those it shares with
+    another group, by its own hash of them): those configs need not run again."""
+    return {r.data.tags.get(f"{prefix}config_hash", "") for r, prefix in _finished_runs(uri, group)} - {""}
 
 
 def finished_subjects(uri: str, group: str) -> dict[str, str]:
-    """``subject_hash`` -> the size of the latest FINISHED run of it in ``group``
+    """``subject_hash`` -> the size of the latest FINISHED run of it that ``group`` charts
     (``TrialConfig.describe_size``): what the store measured, at whatever workload (runs logged
     before the tag existed are not in it)."""
-    return {r.data.tags["subject_hash"]: size_text(*(r.data.params.get(k, "?") for k in
-                                                     ("max_new_tokens", "prompts_per_type", "repeats")),
-                                                   r.data.params.get("context_tokens", "0"))
-            for r in _finished_runs(uri, group) if r.data.tags.get("subject_hash")}
+    return {r.data.tags[f"{prefix}subject_hash"]: size_text(*(r.data.params.get(k, "?") for k in
+                                                              ("max_new_tokens", "prompts_per_type", "repeats")),
+                                                            r.data.params.get("context_tokens", "0"))
+            for r, prefix in _finished_runs(uri, group) if r.data.tags.get(f"{prefix}subject_hash")}
 
 
 def _with_retry(fn):
@@ -435,6 +447,19 @@ def redeliver_record(uri: str, record: dict) -> str:
     return write_record(uri, record)
 
 
+def shared_tags(config: TrialConfig) -> dict[str, str]:
+    """What lets every group that charts a run find it (``sweeps.measure_once``): ``charted_by``
+    (the run's own group first), and each other group's ``config_hash`` and ``subject_hash`` of the
+    trial as it plans it, under ``<group>.`` (``tracking.table.as_charted_by``)."""
+    if not config.also_charted_by:
+        return {}
+    tags = {CHARTED_BY: ",".join(config.charts)}
+    for group in config.also_charted_by:
+        own = config.charted_as(group)
+        tags.update({f"{group}.config_hash": own.config_hash, f"{group}.subject_hash": own.subject_hash})
+    return tags
+
+
 def write_record(uri: str, record: dict) -> str:
     """Write one result (``log_trial``'s record: the result as a dict, sweep_id, and a trial_key new
     to the store, tagged on the run) as a run."""
@@ -445,7 +470,8 @@ def write_record(uri: str, record: dict) -> str:
     client = _client(uri)
     experiment_id = _experiment_id(client, config.group)
     tags = {"group": config.group, "model": config.model, "config_hash": config.config_hash,
-            "subject_hash": config.subject_hash, "stack": config.stack.label, "sweep_id": record["sweep_id"], "trial_key": key, **data["tags"]}
+            "subject_hash": config.subject_hash, "stack": config.stack.label, "sweep_id": record["sweep_id"], "trial_key": key,
+            **shared_tags(config), **data["tags"]}
     if data.get("error"):
         tags["error"] = data["error"][:4000]
     now = int(time.time() * 1000)
@@ -476,7 +502,7 @@ def record_machine_sharing(uri: str, sweep_id: str, beside=()) -> list[float]:
     client = _client(uri)
     frames = [f for e in client.search_experiments() if e.name in groups.implemented()
               for f in [runs_frame(uri, e.name)] if not f.empty]
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    frame = pd.concat(frames, ignore_index=True).drop_duplicates("run_id") if frames else pd.DataFrame()
     if frame.empty or "tags.sweep_id" not in frame:
         return []
     mine = set(frame.loc[frame["tags.sweep_id"] == sweep_id, "run_id"])
@@ -495,8 +521,10 @@ def record_machine_sharing(uri: str, sweep_id: str, beside=()) -> list[float]:
 
 def runs_frame(uri: str, group: str, status: str | None = "FINISHED") -> pd.DataFrame:
     """Runs of one group as a table (``tracking.table.to_frame``: one row per run, metrics and params
-    as plain columns), read now; ``status`` None: every run, with its ``status`` column."""
-    from tracking.table import search, to_frame
+    as plain columns), read now; ``status`` None: every run, with its ``status`` column. Runs of
+    other groups that this one charts too (tag ``charted_by``) are in it, as this group reads them
+    (``tracking.table.as_charted_by``)."""
+    from tracking.table import as_charted_by, search, to_frame, with_shared
 
     if _not_there(uri):
         return pd.DataFrame()
@@ -504,7 +532,12 @@ def runs_frame(uri: str, group: str, status: str | None = "FINISHED") -> pd.Data
     experiment = client.get_experiment_by_name(group)
     if experiment is None:
         return pd.DataFrame()
-    return to_frame(search(client, experiment.experiment_id, f"attributes.status = '{status}'" if status else ""))
+    where = f"attributes.status = '{status}'" if status else ""
+    own = to_frame(search(client, experiment.experiment_id, where))
+    shared_filter = " and ".join(w for w in (where, f"tags.{CHARTED_BY} LIKE '%{group}%'") if w)
+    others = [e.experiment_id for e in client.search_experiments() if e.experiment_id != experiment.experiment_id]
+    shared = to_frame(search(client, others, shared_filter)) if others else pd.DataFrame()
+    return with_shared(own, as_charted_by(shared, group))
 
 
 def read_trial_artifact(uri: str, run_id: str) -> dict:

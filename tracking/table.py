@@ -54,15 +54,43 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def search(client, experiment_id: str, filter_string: str = "") -> list:
-    """Every run of an experiment that matches ``filter_string``, page by page."""
+def search(client, experiment_id: str | list[str], filter_string: str = "") -> list:
+    """Every run of an experiment (or of a list of them) that matches ``filter_string``, page by page."""
     runs, token = [], None
+    ids = [experiment_id] if isinstance(experiment_id, str) else list(experiment_id)
     while True:
-        page = client.search_runs([experiment_id], filter_string, max_results=PAGE, page_token=token)
+        page = client.search_runs(ids, filter_string, max_results=PAGE, page_token=token)
         runs += list(page)
         token = page.token
         if not token:
             return runs
+
+
+CHARTED_BY = "tags.charted_by"         # every group that charts a shared run, its own first (tracking.store)
+
+
+def as_charted_by(frame: pd.DataFrame, group: str) -> pd.DataFrame:
+    """The runs of ``frame`` (other groups' runs) that ``group`` also charts (``charted_by`` names it:
+    one measurement, run once, ``sweeps.measure_once``), as ``group`` reads them: its own numbers, kept
+    under ``<group>.`` where they differ from the run's (its ``config_hash``, a quality scored its own
+    way), over the run's."""
+    if frame.empty or CHARTED_BY not in frame:
+        return pd.DataFrame()
+    names = frame[CHARTED_BY].fillna("").str.split(",")
+    rows = frame[[group in n[1:] for n in names]].reset_index(drop=True)
+    for column in [c for c in rows.columns if c.startswith((f"{group}.", f"tags.{group}."))]:
+        plain = column.replace(f"{group}.", "", 1)
+        rows[plain] = rows[column].where(rows[column].notna(), rows[plain]) if plain in rows else rows[column]
+    return rows
+
+
+def with_shared(own: pd.DataFrame, shared: pd.DataFrame) -> pd.DataFrame:
+    """A group's own runs and the runs it shares with another group, in start-time order."""
+    if shared.empty:
+        return own
+    if own.empty:
+        return shared
+    return pd.concat([own, shared], ignore_index=True).sort_values("start_time", kind="stable").reset_index(drop=True)
 
 
 def sqlite_frame(path: str, experiment_id: str, since_ms: int | None = None,
@@ -115,7 +143,8 @@ class RunsCache:
     """Every group's ended runs (FINISHED, FAILED, KILLED), kept current by ``refresh``.
 
     Thread-safe: the dashboard's callbacks run in threads. ``frame(group, status)`` returns a table
-    the caller may keep (never mutated afterwards: a refresh builds new tables).
+    the caller may keep (never mutated afterwards: a refresh builds new tables); it holds the runs of
+    the other groups read here that the group charts too (``as_charted_by``).
     """
 
     def __init__(self, uri: str, groups=None):
@@ -198,7 +227,9 @@ class RunsCache:
         key = (group, status, latest)
         with self._lock:
             if key not in self._views or self._views[key][0] != self.version:
-                frame = self._frames.get(group, pd.DataFrame())
+                others = [f for g, f in self._frames.items() if g != group and not f.empty]
+                frame = with_shared(self._frames.get(group, pd.DataFrame()),
+                                    as_charted_by(pd.concat(others, ignore_index=True), group) if others else pd.DataFrame())
                 if not frame.empty and status is not None:
                     frame = frame[frame["status"] == status].reset_index(drop=True)
                 if latest and not frame.empty and "tags.config_hash" in frame.columns:
@@ -208,7 +239,7 @@ class RunsCache:
             return self._views[key][1]
 
     def count(self) -> int:
-        """Ended runs over every group."""
+        """Ended runs over every group (a run two groups chart counts once: it is in its own group's)."""
         with self._lock:
             return sum(len(frame) for frame in self._frames.values())
 

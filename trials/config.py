@@ -238,9 +238,13 @@ class TrialConfig:
     # config carries them, so any process rebuilds it from its dict (the store, a worker, the page).
     declared: tuple[ModelEntry, ...] = ()
     load: Load = field(default_factory=Load)     # how a server is driven (the serving group only)
+    # Other groups that chart this trial's run: each planned the same measurement, which runs once,
+    # here (``sweeps.measure_once``). Not hashed: it changes who reads the run, not what it measures.
+    also_charted_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         group = groups.get(self.group)     # raises ConfigError naming the valid groups
+        self._check_also_charted_by()
         _check(isinstance(self.declared, tuple) and all(isinstance(e, ModelEntry) for e in self.declared),
                "declared must be a tuple of ModelEntry")
         entry = self.entry()               # raises ConfigError naming the valid models
@@ -265,6 +269,24 @@ class TrialConfig:
             self.entry(self.stack.draft_model)    # a draft of another tokenizer family drafts across
             # tokenizers (transformers' universal assisted generation; trials.techniques.speculative.runner)
 
+    def _check_also_charted_by(self) -> None:
+        also = self.also_charted_by
+        _check(isinstance(also, tuple) and all(isinstance(g, str) for g in also),
+               "also_charted_by must be a tuple of group names")
+        _check(self.group not in also and len(set(also)) == len(also),
+               f"also_charted_by names other groups, each once, got {also!r} for group {self.group!r}")
+        for name in also:
+            groups.get(name).check(self.stack)     # each group that charts it accepts its stack
+
+    @property
+    def charts(self) -> tuple[str, ...]:
+        """Every group that charts this trial's run: its own first, then ``also_charted_by``."""
+        return (self.group, *self.also_charted_by)
+
+    def charted_as(self, group: str) -> "TrialConfig":
+        """The same trial as ``group`` plans it on its own (its ``config_hash`` is that group's)."""
+        return replace(self, group=group, also_charted_by=())
+
     def entry(self, name: str | None = None) -> ModelEntry:
         """The registry entry of ``name`` (default: the target), declared or built in."""
         return get_model(name or self.model, self.declared)
@@ -274,16 +296,29 @@ class TrialConfig:
         """Stable across processes and sessions: sha256 of the canonical JSON, 16 hex digits.
 
         Stack and workload fields at their default value are left out, so adding a field (with a
-        default that keeps the old behaviour) does not change the hash of existing configs.
+        default that keeps the old behaviour) does not change the hash of existing configs; nor do
+        the groups that also chart the run (``also_charted_by``).
         """
+        return _hash(self._canonical())
+
+    @property
+    def measurement_hash(self) -> str:
+        """``config_hash`` less the group: equal for two groups' configs that measure the same thing
+        (same model, stack, workload, repeats, seed, device), which then run once
+        (``sweeps.measure_once``)."""
+        data = self._canonical()
+        del data["group"]
+        return _hash(data)
+
+    def _canonical(self) -> dict:
         data = self.to_dict()
+        del data["also_charted_by"]
         for name, default in (("stack", Stack()), ("workload", Workload()), ("load", Load())):
             data[name] = {k: v for k, v in data[name].items() if v != getattr(default, k)}
         for name in ("declared", "load"):  # none: the hash configs always had
             if not data[name]:
                 del data[name]
-        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return data
 
     @property
     def subject_hash(self) -> str:
@@ -311,8 +346,10 @@ class TrialConfig:
         load = _build(Load, data.pop("load", {}))
         declared = data.pop("declared", ()) or ()
         _check(isinstance(declared, (list, tuple)), "declared must be a list of model entries")
+        also = data.pop("also_charted_by", ()) or ()
+        _check(isinstance(also, (list, tuple)), "also_charted_by must be a list of group names")
         return _build(cls, data, stack=stack, workload=workload, load=load,
-                      declared=tuple(entry_from_dict(e) for e in declared))
+                      declared=tuple(entry_from_dict(e) for e in declared), also_charted_by=tuple(also))
 
     def flat_params(self) -> dict[str, str]:
         """The config as flat key -> string, the shape MLflow params and table columns want."""
@@ -326,6 +363,11 @@ class TrialConfig:
         if self.declared:                  # what rebuilds the config in another process
             flat["declared_models"] = json.dumps([asdict(e) for e in self.declared], sort_keys=True)
         return {k: "" if v is None else str(v) for k, v in flat.items()}
+
+
+def _hash(data: dict) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def size_text(max_new_tokens, prompts_per_type, repeats, context_tokens) -> str:

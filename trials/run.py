@@ -43,6 +43,8 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
     started = time.perf_counter()
     try:
         result = groups.get(config.group).run(config, runtime)
+        if result.status == "FINISHED":
+            add_shared_numbers(config, result)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -53,6 +55,23 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
     add_cost(result, runtime.price_per_hour_usd)
     result.metrics["trial_s"] = time.perf_counter() - started   # everything: loading, references, repeats
     return result
+
+
+def add_shared_numbers(config: TrialConfig, result: TrialResult) -> None:
+    """Each other group that charts this run (``config.also_charted_by``: it planned the same
+    measurement, ``sweeps.measure_once``) adds its own numbers to it. A number the run has already
+    stays; where that group's own differs (a quality scored another way), it is kept beside it as
+    ``<group>.<name>``, which that group's readers take instead (``tracking``). Tag
+    ``<group>.measurement_source`` says which group's trial measured it."""
+    for group in config.also_charted_by:
+        metrics, tags = groups.get(group).numbers_on_shared_run(config.charted_as(group), result)
+        result.tags[f"{group}.measurement_source"] = f"the {config.group} group's trial, one run for both groups"
+        for numbers, own in ((result.metrics, metrics), (result.tags, tags)):
+            for name, value in own.items():
+                if name not in numbers:
+                    numbers[name] = value
+                elif numbers[name] != value:
+                    numbers[f"{group}.{name}"] = value
 
 
 def add_cost(result: TrialResult, price_per_hour_usd: float | None) -> None:

@@ -13,6 +13,11 @@ table derives from them.
 ``estimate`` (``sweeps.budget.Estimate``) knows this machine's step costs and the shared arithmetic
 (``plain``: the loop's timed passes of this trial; ``generate_s``; ``once(key, seconds)`` for a
 reference a worker measures once and reuses).
+
+Two groups may plan the same measurement (same model, stack, workload, repeats): it runs once
+(``sweeps.measure_once``), in a group that ``hosts_shared_runs``, and each other group that declares
+``shared_numbers`` adds to that one run what its own runner would have measured on top, at the cost
+its ``shared_cost`` estimates.
 """
 
 from __future__ import annotations
@@ -89,6 +94,10 @@ class Technique:
     #                                                       of its kind (in-process, or servers where ``serving``)
     serving: bool = False                          # it measures server engines (``Engine.serves``) under load
     holds_node: bool = False                       # a trial holds every CPU of its node (a server and its client)
+    hosts_shared_runs: bool = False                # its trial of a measurement other groups also plan runs it for them
+    shared_numbers: str | None = None              # "module:function" (config, result) -> (metrics, tags): its own
+    #                                                numbers on a run another group measured; None: never shared
+    shared_cost: Callable | None = None            # (config, estimate) -> seconds those numbers add
 
     @property
     def implemented(self) -> bool:
@@ -112,6 +121,11 @@ class Technique:
         if self.runner is None:
             raise ConfigError(f"group {self.name!r} has no trials yet")
         return resolve(self.runner)(config, runtime)
+
+    def numbers_on_shared_run(self, config, result) -> tuple[dict, dict]:
+        """This group's own numbers on ``result``, a run of the same measurement that another group's
+        runner made (``config``: the trial as this group plans it; in a worker)."""
+        return resolve(self.shared_numbers)(config, result)
 
     def plan(self, models: list[str], profile, device: str, catalogue=None, runs=None) -> list:
         """The trials of ``models`` (names the ``catalogue`` resolves: the built-in models and a

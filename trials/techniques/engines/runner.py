@@ -58,23 +58,42 @@ def run_engine_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     metrics.update(metrics_q)
     tags.update(tags_q)
     result = finish(config, runtime, loaded, measured, metrics=metrics, tags=tags)
-    _roofline(config, result)
+    roofline, bandwidth_tags = _roofline(config, result.metrics)
+    result.metrics.update(roofline)
+    result.tags.update(bandwidth_tags)
     return result
 
 
-def _roofline(config: TrialConfig, result: TrialResult) -> None:
-    """The batch-1 bandwidth bound beside the measured tok/s: a decode step reads the weights once and
-    the cache at the mean decode context (KV bytes per token from the cache the trial ended with), at
-    the bandwidth of a large copy on this machine (``trials.measurement.bandwidth``). Prompt lookup can
-    pass it: one target pass then emits several tokens."""
-    m = result.metrics
+def numbers_on_shared_run(config: TrialConfig, result: TrialResult) -> tuple[dict[str, float], dict[str, str]]:
+    """This group's numbers on a run another group's runner measured (the same stack, engine and
+    workload, run once: ``sweeps.measure_once``), where that run lacks them: the roofline, and
+    teacher-forced quality on the perplexity windows (the model comes from the worker's cache). The
+    output comparison with the reference precision, the engine's counters and the user's code are
+    every runner's already."""
+    metrics, tags = {}, {}
+    if "roofline_tok_per_s" not in result.metrics:
+        metrics, tags = _roofline(config, result.metrics)
+    if "perplexity_windows" not in result.metrics and "quality_note" not in result.tags:
+        backend = engines.backend(config.stack)
+        loaded, _ = backend.load(config)
+        quality_metrics, quality_tags = _quality(config, backend, loaded)
+        metrics.update(quality_metrics)
+        tags.update(quality_tags)
+    return metrics, tags
+
+
+def _roofline(config: TrialConfig, m: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """The batch-1 bandwidth bound beside the measured tok/s (metrics ``m``): a decode step reads the
+    weights once and the cache at the mean decode context (KV bytes per token from the cache the trial
+    ended with), at the bandwidth of a large copy on this machine (``trials.measurement.bandwidth``).
+    Prompt lookup can pass it: one target pass then emits several tokens."""
     bandwidth, source = memory_bandwidth(config.device, config.config_hash)
     per_token = m["kv_cache_bytes"] / m["kv_cache_tokens"] if m.get("kv_cache_tokens") else 0.0
     step = decode_step_bytes(m["weights_bytes"], per_token, m["prompt_tokens_mean"] + config.workload.max_new_tokens / 2)
-    m.update(memory_bandwidth_bytes_per_s=bandwidth, decode_bytes_per_step=step,
-             roofline_tok_per_s=roofline_tok_per_s(1, bandwidth, step))
-    m["roofline_ratio"] = m["tok_per_s"] / m["roofline_tok_per_s"]
-    result.tags["bandwidth_source"] = source
+    bound = roofline_tok_per_s(1, bandwidth, step)
+    return ({"memory_bandwidth_bytes_per_s": bandwidth, "decode_bytes_per_step": step,
+             "roofline_tok_per_s": bound, "roofline_ratio": m["tok_per_s"] / bound},
+            {"bandwidth_source": source})
 
 
 def _quality(config: TrialConfig, backend, loaded) -> tuple[dict[str, float], dict[str, str]]:

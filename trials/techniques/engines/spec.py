@@ -20,13 +20,23 @@ def cost(config, estimate) -> float:
     (an engine the budget does not calibrate is estimated at the default engine's step: an upper
     bound), and for a stack whose quality is scored the perplexity windows through the reference and
     the stack."""
-    s, w = config.stack, config.workload
-    scored = s.speculation == "none" and (s.kv_bits == 16 or engines.get(s.engine).cache_scored)
-    method = perplexity_method(config.entry(), w.eval_windows)
+    w = config.workload
+    ref = estimate.step(config.model, reference_precision(config.entry(), config.device)) or estimate.cost
+    return (estimate.once((NAME, config.model, w), estimate.generate_s(ref, w.max_new_tokens, 1, 1))
+            + estimate.plain + shared_cost(config, estimate))
+
+
+def shared_cost(config, estimate) -> float:
+    """The perplexity windows through the reference and the stack, for a stack whose quality is
+    scored: once per measurement (``TrialConfig.measurement_hash``), so a run another group measured
+    and this group charts counts them once, whichever runner scores them."""
+    s = config.stack
+    if s.speculation != "none" or (s.kv_bits != 16 and not engines.get(s.engine).cache_scored):
+        return 0.0
+    method = perplexity_method(config.entry(), config.workload.eval_windows)
     ref = estimate.step(config.model, reference_precision(config.entry(), config.device)) or estimate.cost
     windows = method.windows * method.context * (ref.prefill_token_s + estimate.cost.prefill_token_s)
-    return (estimate.once((NAME, config.model, w), estimate.generate_s(ref, w.max_new_tokens, 1, 1))
-            + estimate.plain + (windows if scored else 0.0))
+    return estimate.once((NAME, "windows", config.measurement_hash), windows)
 
 
 SPEC = Technique(
@@ -42,4 +52,5 @@ SPEC = Technique(
                   "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True),
                   "engines": ProfileKey("engine", many=True, optional=True)},
     cost=cost, calibrates_reference=True, shrink=shrink_eval_windows, engines=None,
+    shared_numbers="trials.techniques.engines.runner:numbers_on_shared_run", shared_cost=shared_cost,
 )

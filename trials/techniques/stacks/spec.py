@@ -86,5 +86,5 @@ SPEC = Technique(
                   "batch_size": ProfileKey("int", low=2, high=65_536),
                   "compile_interactions": ProfileKey("bool")},
     cost=cost, shrink=shrink, calibrates_reference=True, select=select, space_reads_store=True,
-    device_checks=device_checks, engines=None,
+    device_checks=device_checks, engines=None, hosts_shared_runs=True,
 )
