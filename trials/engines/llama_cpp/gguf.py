@@ -41,11 +41,16 @@ FTYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
           "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 
 
+def is_stand_in(entry: ModelEntry) -> bool:
+    """Whether ``entry`` is a zoo model's random-weight stand-in (``trials.models.zoo.stand_in``)."""
+    return entry.source == "local" and stand_in.derived_dir(pathlib.Path(entry.location)) is not None
+
+
 def gguf_dir(entry: ModelEntry) -> pathlib.Path:
     if entry.source == "pypi":
         return pypi.pypi_dir() / "gguf" / entry.location
-    if entry.source == "local" and (beside := stand_in.derived_dir(pathlib.Path(entry.location))) is not None:
-        return beside                       # a random-weight stand-in's GGUFs go with it, never into the cache
+    if is_stand_in(entry):                  # a random-weight stand-in's GGUFs go with it, never into the cache
+        return stand_in.derived_dir(pathlib.Path(entry.location))
     where = hashlib.sha256(entry.location.encode()).hexdigest()[:10]
     return pathlib.Path(os.environ.get(GGUF_DIR_ENV) or DEFAULT_GGUF_DIR).expanduser() / f"{entry.name}-{where}"
 
