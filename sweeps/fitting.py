@@ -17,7 +17,7 @@ import math
 
 from sweeps import budget, deferral
 from sweeps.launch import planned_workers, trial_threads
-from sweeps.plan import chosen_profile, flat, is_finished
+from sweeps.plan import chosen_profile, flat, is_finished, zoo_sets_planned
 from trials.config import TrialConfig
 
 DEFAULT_BUDGET = {"quick": "45m", "full": "none"}
@@ -50,8 +50,14 @@ def size_plan(trials: dict[str, list[TrialConfig]], costs: dict, args, device: s
     configs = flat(trials)
     if budget_s is None or not configs:
         return trials, None
-    fitted = budget.fit(configs, costs, budget_s, workers)
+    # the zoo's training, counted whether it is built or not: a rerun then chooses the same workloads,
+    # and on a fresh machine the trials are at their floors before any is deferred for the training
+    training_s = budget.zoo_build_seconds(zoo_sets_planned(configs), costs) / workers
+    fitted = budget.fit(configs, costs, max(1.0, budget_s - training_s), workers)
     used = {(entry.name, precision) for entry, precision in budget.pairs_needed(configs)}
+    if training_s:
+        print(f"Sizing to {duration(budget_s)} less ~{duration(training_s)} for the zoo's training on a fresh machine "
+              "(counted whether it is built or not, so that a rerun sizes the same)")
     print_estimate(fitted, {key: cost for key, cost in costs.items() if key in used}, device, workers)
     sized: dict[str, list[TrialConfig]] = {group: [] for group in trials}
     for config in fitted.configs:

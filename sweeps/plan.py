@@ -119,6 +119,12 @@ def models_ready(configs: list[TrialConfig], zoo: bool = True) -> bool:
         and all(pypi.is_converted(n) for n in _model_names(configs, "pypi"))
 
 
+def zoo_sets_planned(configs: list[TrialConfig]) -> list[str]:
+    """The zoo sets whose models the plan uses, built or not."""
+    names = _model_names(configs, "zoo")
+    return [set_name for set_name, members in zoo.ZOO_SETS.items() if names & set(members)]
+
+
 def zoo_sets_to_build(configs: list[TrialConfig]) -> list[str]:
     stale = {n for n in _model_names(configs, "zoo") if not zoo.is_built(n)}
     return [set_name for set_name, names in zoo.ZOO_SETS.items() if stale & set(names)]
