@@ -115,8 +115,8 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
     outcomes: list[dict] = []
     sharing: list[float] = []
     if first_pending or zoo_stage.pending or job:
+        start_local_ray(phases)          # first: a Ctrl-C inside ray.init can crash the process
         setup.start()
-        start_local_ray(phases)
         if job is not None:
             job.wait_until_reserved()                    # no trial starts on the zoo's core first
         phase = time.perf_counter()
