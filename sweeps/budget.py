@@ -42,8 +42,8 @@ beside the measured time when it ends.
 
 from __future__ import annotations
 
-import importlib
 import contextlib
+import importlib
 import json
 import logging
 import math
@@ -53,6 +53,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from sweeps.deferral import worker_seconds
 from trials import groups
 from trials import engines
 from trials.config import TrialConfig
@@ -62,6 +63,7 @@ from trials.models import pypi, zoo
 from trials.models.registry import ModelEntry, reference_precision
 from trials.prompts import workload_prompts
 from trials.worker import WORKER
+
 log = logging.getLogger("sweeps.budget")
 
 CACHE_ENV_VAR = "LLM_SWEEPS_CALIBRATION"   # moves the cache file (tests use a fresh one)
@@ -437,7 +439,7 @@ def trial_estimates(configs: list[TrialConfig], costs: dict[tuple[str, str], Ste
 def estimate_seconds(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost], workers: int = 1) -> float:
     """The trials' worker-seconds: each trial's estimate, on every worker for a trial that holds its node."""
     estimates = trial_estimates(configs, costs)
-    return sum(estimates[c.config_hash] * (workers if groups.get(c.group).holds_node else 1) for c in configs)
+    return sum(worker_seconds(c, estimates[c.config_hash], workers) for c in configs)
 
 
 def zoo_build_seconds(set_names: list[str], costs: dict[tuple[str, str], StepCost]) -> float:

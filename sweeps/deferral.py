@@ -103,6 +103,11 @@ def defer(pending: list[TrialConfig], seconds: dict[str, float], capacity_s: flo
     return Deferral(run, deferred, seconds, capacity_s, beside_s, workers)
 
 
+def as_record(per_group: dict[str, tuple[int, float]]) -> dict[str, dict]:
+    """``Deferral.per_group`` as the sweep's record and summary JSON keep it."""
+    return {group: {"trials": n, "minutes": round(m, 2)} for group, (n, m) in per_group.items()}
+
+
 def describe_deferred(per_group: dict[str, tuple[int, float]], command: str) -> list[str]:
     """The lines that say what is deferred, per group, and what runs it."""
     if not per_group:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import tracking
 from sweeps import budget, record
-from sweeps.deferral import Deadline, describe_deferred
-from sweeps.fitting import AGAIN, beside_work, budget_seconds, calibrate, plan_run, size_plan
+from sweeps.deferral import Deadline, as_record, describe_deferred
+from sweeps.fitting import AGAIN, beside_work, budget_seconds, calibrate, plan_run, size_plan, zoo_training
 from sweeps.launch import collect_outcomes, planned_workers, run_tune, start_local_ray, trial_threads
 from sweeps.plan import ensure_models, finished_configs, flat, is_finished, needs_zoo, split_stages, zoo_sets_to_build
 from sweeps.setup_beside import SetupBeside, commands_needed
@@ -64,11 +64,12 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
     budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
     sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     sizing = record.read(uri, args, budget_s)       # the step costs this store's earlier sweeps used
-    zoo_sets = zoo_sets_to_build(flat(split_stages(trials)[1]))
+    no_build, zoo_trials = (flat(stage) for stage in split_stages(trials))
+    zoo_sets = zoo_sets_to_build(zoo_trials)
     job = None
     reservation_path = None
     try:
-        if trains_beside(args, device, zoo_sets, flat(split_stages(trials)[0])):
+        if trains_beside(args, device, zoo_sets, no_build):
             start_local_ray(phases)
             reservation_path = str(Path(tempfile.gettempdir()) / f"llm-sweeps-{sweep_id}-cpus.json")
             zoo_pairs = {pair for pair in budget.pairs_needed(flat(trials)) if pair[0].source == "zoo"} \
@@ -82,7 +83,7 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
             away = contextlib.nullcontext()
         with away:
             phase = time.perf_counter()
-            ensure_models(flat(split_stages(trials)[0]) if job else flat(trials))
+            ensure_models(no_build if job else flat(trials))
             if job:
                 phases.models_s = time.perf_counter() - phase     # the real models' conversion
             else:
@@ -141,7 +142,8 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
     elapsed_s = time.perf_counter() - started
     print_summary(all_configs, outcomes, skipped, uri, elapsed_s, phases.ray_start_s, left_out,
                   why_not_run="the zoo's build failed (the error above)" if zoo_stage.error else "interrupted")
-    print_estimates(deadline, chosen, beside, phases, setup.elapsed())
+    took = {**setup.elapsed(), **({zoo_training(zoo_sets): phases.zoo_s} if job is not None else {})}
+    print_estimates(deadline, beside, took, phases)
     if deferred:
         for line in describe_deferred(chosen.per_group(deferred), f"{AGAIN}, or a larger --budget"):
             print(line)
@@ -157,8 +159,7 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
                            calibration=record.describe(sizing),
                            estimates={g: {"trials": n, "estimated_s": round(e, 1), "measured_s": round(m, 1)}
                                       for g, (n, e, m) in estimated_and_measured(deadline).items()},
-                           deferred={g: {"trials": n, "minutes": round(m, 2)}
-                                     for g, (n, m) in chosen.per_group(deferred).items()})
+                           deferred=as_record(chosen.per_group(deferred)))
     if zoo_stage.error:
         return 1
     return INTERRUPTED if never_ran(all_configs, outcomes, skipped) else 0    # the summary said "interrupted"

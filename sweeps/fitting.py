@@ -70,10 +70,15 @@ def fit_to_budget(trials: dict[str, list[TrialConfig]], costs: dict, args, devic
     return size_plan(trials, costs, args, device)[0]
 
 
+def zoo_training(zoo_sets: list[str]) -> str:
+    """The words that name the zoo's training beside the trials (its estimate's key, and its measurement's)."""
+    return f"training the zoo ({', '.join(zoo_sets)})"
+
+
 def beside_work(zoo_sets: list[str], costs: dict, setup) -> dict[str, float]:
     """What runs beside the trials and takes a core meanwhile, by its words: the zoo's training (where
     ``zoo_sets`` train beside them) and the builds of ``setup`` (a ``SetupBeside``), in estimated seconds."""
-    beside = {f"training the zoo ({', '.join(zoo_sets)})": budget.zoo_build_seconds(zoo_sets, costs)} if zoo_sets else {}
+    beside = {zoo_training(zoo_sets): budget.zoo_build_seconds(zoo_sets, costs)} if zoo_sets else {}
     beside.update(setup.estimates())
     return beside
 

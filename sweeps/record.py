@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tracking
-from sweeps import budget
+from sweeps import budget, deferral
 from sweeps.fitting import duration
 from trials.redaction import redact
 
@@ -87,7 +87,7 @@ def write(uri: str, sizing: Sizing, sweep_id: str, args, device: str, workers: i
               "written": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": sizing.budget_s, "device": device,
               "workers": workers, "calibration_file": str(sizing.file), "calibration": sizing.used,
               STEP_LABELS: True,
-              "deferred": {group: {"trials": n, "minutes": round(m, 2)} for group, (n, m) in (deferred or {}).items()}}
+              "deferred": deferral.as_record(deferred or {})}
     try:
         tracking.record_sweep(uri, record)
     except Exception as exc:     # MLflow's own errors, a store gone away: the record is a convenience

@@ -98,8 +98,9 @@ def estimated_and_measured(deadline) -> dict[str, tuple[int, float, float]]:
             for group, pairs in deadline.measured.items() if pairs}
 
 
-def print_estimates(deadline, chosen, beside: dict[str, float], phases: Phases, beside_took: dict[str, float]) -> None:
-    """The plan's estimates beside what the trials and the work beside them took, per group."""
+def print_estimates(deadline, beside: dict[str, float], took: dict[str, float], phases: Phases) -> None:
+    """The plan's estimates beside what the trials and the work beside them (``took``, by the same
+    words as ``beside``) took, per group."""
     rows = estimated_and_measured(deadline)
     if not rows and not beside:
         return
@@ -108,12 +109,12 @@ def print_estimates(deadline, chosen, beside: dict[str, float], phases: Phases, 
         ratio = f"{measured / estimated:5.2f}x" if estimated else "    -"
         print(f"  {group:<14}{n:>4} trials  estimated {estimated / 60:6.1f}  measured {measured / 60:6.1f}  {ratio}")
     for what, estimated in beside.items():
-        took = phases.zoo_s if what.startswith("training the zoo") else beside_took.get(what)
-        said = f"{took / 60:.1f} min measured" if took else "not measured (it did not end)"
+        said = f"{took[what] / 60:.1f} min measured" if took.get(what) else "not measured (it did not end)"
         print(f"  beside: {what}: ~{estimated / 60:.1f} min estimated, {said}")
     if phases.estimate_s:
+        limit = f"; budget {deadline.budget_s / 60:.0f} min" if deadline.budget_s else ""
         print(f"  this run: ~{phases.estimate_s / 60:.1f} min estimated, {phases.tune_s / 60:.1f} min measured "
-              f"(first trial to the last; budget {deadline.budget_s / 60:.0f} min)" if deadline.budget_s else "")
+              f"(first trial to the last{limit})")
 
 
 def write_summary_json(path: str, *, sweep_id: str, uri: str, device: str, outcomes: list[dict], skipped,
