@@ -59,7 +59,8 @@ def run_in_worker(params: dict) -> None:
     runtime = Runtime(num_threads=granted_cpus(), git_sha=params["git_sha"],
                       sweep_id=params["sweep_id"],
                       memory_budget_bytes=params.get("memory_budget_bytes"),
-                      price_per_hour_usd=params.get("price_per_hour_usd"))
+                      price_per_hour_usd=params.get("price_per_hour_usd"),
+                      time_limit_s=params.get("time_limit_s"))
     try:
         result = run_trial(config, runtime)
     except Exception as exc:  # recorded as a FAILED run; the sweep goes on
@@ -73,6 +74,6 @@ def run_in_worker(params: dict) -> None:
         "trial_status": result.status, "error": result.error, "run_id": run_id, "spooled": not run_id,
         "config_hash": config.config_hash, "model": config.model, "stack": config.stack.label,
         "group": config.group,
-        **{k: result.metrics[k] for k in ("tok_per_s", "measured_s", "model_load_s", "ttft_s")
-           if k in result.metrics},
+        **{k: result.metrics[k] for k in ("tok_per_s", "measured_s", "model_load_s", "ttft_s", "slo_margin",
+                                          "capacity_rps", "ttft_ratio", "tpot_ratio") if k in result.metrics},
     })

@@ -77,6 +77,8 @@ class Stack:
     batch_size: int = 1
     compile: bool = False             # compiled decoding: a static cache + torch.compile (trials.engines.transformers.compiled)
     engine: str = DEFAULT_ENGINE      # who runs it (trials.engines: one folder per engine)
+    step_tokens: int = 0              # a server's tokens per scheduling step (llama-server -b); 0: its default
+    threads: int = 0                  # a server's threads (-t/-tb); 0: every core the trial holds
 
     def validate(self) -> None:
         known = engines.ENGINES
@@ -113,6 +115,11 @@ class Stack:
         else:
             _check(self.draft_precision is None, "draft_precision is only meaningful with a draft model")
         _check(isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}")
+        for name in ("step_tokens", "threads"):
+            value = getattr(self, name)
+            _check(_int_at_least(value, 0), f"{name} must be an integer >= 0 (0: the server's default), got {value!r}")
+            _check(value == 0 or known[self.engine].serves,
+                   f"{name} is a server's option (llama-server -b / -t); the {self.engine} engine runs in-process")
         if self.compile:
             _check(self.kv_bits == 16 and self.speculation == "none",
                    "compiled decoding runs on transformers' static cache, which neither a quantized KV "
@@ -155,6 +162,10 @@ class Stack:
             parts.append(f"b{self.batch_size}")
         if self.compile:
             parts.append("compile")
+        if self.step_tokens:
+            parts.append(f"step{self.step_tokens}")
+        if self.threads:
+            parts.append(f"t{self.threads}")
         return "+".join(parts)
 
 
@@ -193,7 +204,8 @@ class Load:
     at ``rates`` (multiples of the stack's single-stream capacity, measured in the trial, so that the
     ladder runs from well below to past what one stream sustains on any machine), closed-loop
     ``concurrency`` levels, ``requests`` per point after ``warmup`` requests, and the SLO its goodput
-    counts against (a request is good when its TTFT and its time per output token are within it)."""
+    counts against (a request is good when its TTFT and its time per output token are within it); the
+    capacity group's rate is the highest at which ``attainment`` of the requests are good."""
 
     rates: tuple[float, ...] = ()
     concurrency: tuple[int, ...] = ()
@@ -201,6 +213,7 @@ class Load:
     warmup: int = 2
     ttft_slo_s: float = 0.5
     tpot_slo_s: float = 0.05
+    attainment: float = 0.9          # capacity: the share of requests that must meet both limits
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rates", _numbers(self.rates, (int, float)))
@@ -221,6 +234,8 @@ class Load:
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
                    f"load {name} must be a positive number of seconds, got {value!r}")
+        _check(isinstance(self.attainment, (int, float)) and not isinstance(self.attainment, bool)
+               and 0 < self.attainment <= 1, f"load attainment must be a share in (0, 1], got {self.attainment!r}")
 
 
 @dataclass(frozen=True)
@@ -357,7 +372,7 @@ class TrialConfig:
                 "seed": self.seed, "device": self.device, "stack": self.stack.label}
         flat.update(asdict(self.stack))
         flat.update(asdict(self.workload))
-        if not self.load.empty:            # a serving trial's load, each key prefixed
+        if not self.load.empty or groups.get(self.group).serving:     # a serving trial's load, each key prefixed
             flat.update({f"load_{k}": ",".join(map(str, v)) if isinstance(v, tuple) else v
                          for k, v in asdict(self.load).items()})
         if self.declared:                  # what rebuilds the config in another process
@@ -395,6 +410,7 @@ class Runtime:
     sweep_id: str = ""
     memory_budget_bytes: int | None = None   # emulate a device this size (trials.techniques.batching.runner): oom above it
     price_per_hour_usd: float | None = None  # the machine's price: each run logs $/1M output tokens (trials.measurement.cost)
+    time_limit_s: float | None = None        # what the sweep's budget gives this trial (a capacity search stops short)
 
 
 # Sizes, for ``Runtime.memory_budget_bytes`` (``--memory-budget``) and messages.

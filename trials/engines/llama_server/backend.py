@@ -79,6 +79,7 @@ def server_arguments(config: TrialConfig, served: Served, threads: int, draft: s
     stack = config.stack
     kv = KV_TYPES[stack.kv_bits]
     arguments = ["--ctx-size", str(served.n_ctx), "--parallel", str(stack.batch_size), "--cont-batching",
+                 *(["--batch-size", str(stack.step_tokens)] if stack.step_tokens else []),
                  "--threads", str(threads), "--threads-batch", str(threads), "--flash-attn", "on",
                  "--cache-type-k", kv, "--cache-type-v", kv, "--seed", str(config.seed), "--metrics", "--no-webui"]
     if stack.speculation == "prompt_lookup":

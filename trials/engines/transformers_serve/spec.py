@@ -31,6 +31,8 @@ EXTRA = "pip install -e '.[serving]'"
 def guard(stack) -> str | None:
     if stack.compile:
         return "compiled decoding is not served: transformers serve runs continuous batching eagerly here"
+    if stack.step_tokens:
+        return "transformers serve has no per-step token budget to set (llama-server's -b): step_tokens must be 0"
     if stack.batch_size > SLOTS_MAX:
         return f"transformers serve is driven here with at most {SLOTS_MAX} sequences in flight (batch_size), got {stack.batch_size}"
     return None

@@ -1,0 +1,230 @@
+"""The capacity group: one served configuration, its capacity under the SLO found by probing.
+
+Before any load, the step-time model of the configuration (``trials.stats.step_time``: seconds per
+scheduling step against the tokens in it, measured once per GGUF, cache type and threads with
+llama-bench) says whether its ``-b`` can meet the TPOT limit at all; one that cannot is skipped,
+said so, with its prediction logged. Otherwise the trial starts the server (127.0.0.1, a free port,
+healthy first, stopped and checked gone after), sends the warm-up requests, then:
+
+1. single stream: ``requests`` one at a time; where fewer than ``attainment`` of them meet both
+   limits the configuration is infeasible, and the run says so with the single-stream p95s;
+2. probes (``trials.stats.capacity.find_capacity``): each ``warmup + requests`` seeded Poisson
+   arrivals at one rate, the first ``warmup`` left out; attainment with a bootstrap interval;
+   doubled from half the single-stream rate, then bisected to 10 %. A probe during which processes
+   outside the trial took more than ``NOISY_CORES`` of a core is run once more, and said so. A probe
+   that does not fit in the time the sweep gave the trial ends the search: a lower bound.
+
+Every point is kept in the run's artifact (its requests' timelines) and as ``c1_*`` / ``p{i}_*``
+metrics; the predicted p95 ITL is logged beside the measured one at every probe.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+from trials import engines
+from trials.config import Runtime, TrialConfig
+from trials.loop import TrialResult, model_tags
+from trials.measurement.environment import environment_tags
+from trials.measurement.load import poisson_arrivals, run_point
+from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
+from trials.stats.capacity import Capacity, Probe, attainment_interval, find_capacity
+from trials.stats.serving import Slo, meets, summarize
+from trials.techniques.serving.runner import POINT_TIMEOUT_S, LoadFailed, _requests
+
+log = logging.getLogger(__name__)
+NOISY_CORES = 0.1             # CPU taken outside the trial during a probe above which it is run again
+STOP_MARGIN_S = 15            # kept back from the trial's time limit: stopping the server, logging
+DEFAULT_STEP_TOKENS = 2048    # llama-server's -b when none is given
+
+
+class Points:
+    """The points of one trial, in order (kept whatever happens), as the artifact and metrics say them."""
+
+    def __init__(self, config: TrialConfig, served, url: str, body: dict, ends_with_done: bool):
+        self.config, self.served, self.url, self.body, self.ends_with_done = config, served, url, body, ends_with_done
+        self.slo = Slo(config.load.ttft_slo_s, config.load.tpot_slo_s)
+        self.points: list[tuple[str, dict, object]] = []
+
+    def run(self, prefix: str, *, arrivals=None, concurrency=None, count: int, warmup: int = 0, offset: int = 0):
+        """One point; returns (its summary, whether each kept request met both limits)."""
+        requests = _requests(self.served, count, self.config.workload.max_new_tokens, offset)
+        run = run_point(self.url, requests, arrivals=arrivals, concurrency=concurrency, timeout_s=POINT_TIMEOUT_S,
+                        body=self.body, ends_with_done=self.ends_with_done)
+        summary = summarize(run, self.slo, warmup=warmup)
+        self.points.append((prefix, summary, run))
+        failed = [r.error for r in run.records if r.error]
+        if failed:
+            raise LoadFailed(f"{len(failed)} of {len(run.records)} requests failed at {prefix.rstrip('_')}: {failed[0]}")
+        kept = sorted(run.records, key=lambda r: r.sent_s)[warmup:]
+        return summary, [meets(r, self.slo) for r in kept]
+
+    def artifact(self, probes: list[Probe]) -> dict:
+        return {"points": [{"point": prefix.rstrip("_"), "summary": summary, "mode": run.mode,
+                            "offered_rps": run.offered_rps, "concurrency": run.concurrency,
+                            "requests": [r.to_dict() for r in run.records]} for prefix, summary, run in self.points],
+                "probes": [p.to_dict() for p in probes]}
+
+
+def _outside_cpu():
+    """A context manager giving the CPU (cores) processes outside this trial took while it was open."""
+    from trials.measurement.neighbours import OutsideCpu
+
+    return OutsideCpu()
+
+
+def _prediction(config: TrialConfig, served, threads: int):
+    """(the step-time curve, the reason the -b cannot meet the TPOT limit or None, mean prompt tokens)."""
+    from trials.engines.llama_server.step_curve import measure_curve
+    from trials.stats.step_time import tpot_cannot_meet
+
+    stack = config.stack
+    prompt = sum(len(ids) for ids in served.prompt_ids.values()) / len(served.prompt_ids)
+    curve = measure_curve(served.path, stack.kv_bits, threads)
+    reason = tpot_cannot_meet(curve, stack.step_tokens or DEFAULT_STEP_TOKENS, stack.batch_size, round(prompt),
+                              config.workload.max_new_tokens, config.load.tpot_slo_s)
+    return curve, reason, prompt
+
+
+def _predict_itl(curve, config: TrialConfig, prompt: float, rate: float) -> float:
+    from trials.stats.step_time import predict_itl_p95
+
+    return predict_itl_p95(curve, config.stack.step_tokens or DEFAULT_STEP_TOKENS, config.stack.batch_size,
+                           round(prompt), config.workload.max_new_tokens, rate)
+
+
+class Search:
+    """The probes of one trial: each a Poisson point at one rate, run again once when disturbed."""
+
+    def __init__(self, config: TrialConfig, points: Points, curve, prompt: float):
+        self.config, self.points, self.curve, self.prompt = config, points, curve, prompt
+        self.metrics: dict[str, float] = {}
+        self.summaries: dict[float, dict] = {}
+
+    def probe(self, rate: float) -> Probe:
+        load = self.config.load
+        index = sum(1 for p, _, _ in self.points.points if p.startswith("p")) + 1
+        name = f"p{index}"
+        for attempt in (1, 2):
+            arrivals = poisson_arrivals(rate, load.warmup + load.requests, seed=self.config.seed + 100 * index + attempt)
+            with _outside_cpu() as outside:
+                summary, met = self.points.run(f"{name}_" if attempt == 1 else f"{name}r_", arrivals=arrivals,
+                                               count=load.warmup + load.requests, warmup=load.warmup, offset=index)
+            cores = outside.cores
+            if attempt == 1 and cores is not None and cores > NOISY_CORES:
+                log.info("capacity probe %s at %.3g req/s: %.2f cores taken outside the trial: run again", name, rate, cores)
+                continue
+            break
+        share, low, high = attainment_interval(met, seed=self.config.seed + index)
+        passed = share >= load.attainment
+        probe = Probe(rate, share, low, high, passed, name, repeated=attempt == 2,
+                      outside_cpu_cores=math.nan if cores is None else cores)
+        predicted = _predict_itl(self.curve, self.config, self.prompt, rate) if self.curve is not None else math.nan
+        self.metrics.update({f"{name}_offered_rps": rate, f"{name}_slo_attainment": share,
+                             f"{name}_slo_attainment_low": low, f"{name}_slo_attainment_high": high,
+                             f"{name}_passed": float(passed), f"{name}_repeated": float(attempt == 2),
+                             f"{name}_outside_cpu_cores": probe.outside_cpu_cores,
+                             f"{name}_itl_s_p95_predicted": predicted,
+                             **{f"{name}_{k}": summary[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95",
+                                                                     "output_tok_per_s", "achieved_rps")
+                                if k in summary}})
+        self.summaries[rate] = summary
+        log.info("capacity %s %s at %.3g req/s: %.0f %% within the SLO (%s)", self.config.stack.label, name, rate,
+                 100 * share, "passes" if passed else "misses")
+        return probe
+
+
+def _single_stream_note(summary: dict, slo: Slo) -> str:
+    return (f"one request at a time already misses the SLO: p95 TTFT {1000 * summary['ttft_s_p95']:.0f} ms "
+            f"(limit {1000 * slo.ttft_s:.0f}), p95 TPOT {1000 * summary['tpot_s_p95']:.0f} ms (limit {1000 * slo.tpot_s:.0f})")
+
+
+def _ratios(summary: dict, slo: Slo) -> tuple[float, float]:
+    return summary["ttft_s_p95"] / slo.ttft_s, summary["tpot_s_p95"] / slo.tpot_s
+
+
+def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
+    """Predict, serve, probe single stream then rates, stop the server; a server that dies or refuses
+    mid-load fails the trial with what was measured kept."""
+    began = time.perf_counter()
+    limit = runtime.time_limit_s if runtime.time_limit_s is not None else math.inf
+    backend = engines.backend(config.stack)
+    served = backend.load(config)
+    stack, load = config.stack, config.load
+    threads = stack.threads or runtime.num_threads or os.cpu_count() or 1
+    slo = Slo(load.ttft_slo_s, load.tpot_slo_s)
+    tags = {**environment_tags(config.device, runtime.git_sha if runtime.git_sha != "unknown" else None),
+            **model_tags(config), "memory_method": MEMORY_METHOD}
+    metrics = {"server_step_tokens": float(stack.step_tokens or DEFAULT_STEP_TOKENS), "server_threads": float(threads),
+               "parallel_slots": float(stack.batch_size), "attainment_target": load.attainment,
+               "ttft_slo_s": slo.ttft_s, "tpot_slo_s": slo.tpot_s}
+    curve, skip, prompt = _prediction(config, served, threads)
+    metrics.update(step_fixed_s=curve.fixed_s, step_per_token_s=curve.per_token_s, prompt_tokens_mean=prompt)
+    tags["server_command"] = tags["user_code"] = backend.user_command(config, served, threads)
+    if skip:
+        tags.update(capacity_status="skipped", capacity_note=skip)
+        metrics.update(capacity_rps=0.0, capacity_rps_low=0.0, capacity_rps_high=math.nan, capacity_probes=0.0,
+                       slo_margin=min(0.0, -1e-3), trial_wall_s=time.perf_counter() - began)
+        log.info("capacity %s skipped before any load: %s", stack.label, skip)
+        return TrialResult(config, "FINISHED", metrics=metrics, tags=tags, raw={"points": [], "probes": []})
+    points, search, capacity = None, None, None
+    try:
+        with backend.serve(config, served, threads) as running, ProcessMemory(running.pid) as memory:
+            points = Points(config, served, running.url, backend.request_body(served), backend.STREAM_ENDS_WITH_DONE)
+            if load.warmup:
+                run_point(running.url, _requests(served, load.warmup, config.workload.max_new_tokens),
+                          concurrency=1, timeout_s=POINT_TIMEOUT_S, body=points.body, ends_with_done=points.ends_with_done)
+            single, met = points.run("c1_", concurrency=1, count=load.requests)
+            search = Search(config, points, curve, prompt)
+            share, _, _ = attainment_interval(met, seed=config.seed)
+            if share < load.attainment:
+                capacity = Capacity("infeasible", 0.0, 0.0, math.nan, [], _single_stream_note(single, slo))
+            else:
+                request_s = single["e2e_s_p50"]
+                count = load.warmup + load.requests
+                capacity = find_capacity(
+                    search.probe, single["achieved_rps"] / 2, target=load.attainment,
+                    time_left=lambda: limit - (time.perf_counter() - began) - STOP_MARGIN_S,
+                    probe_seconds=lambda rate: count / rate + request_s)
+            metrics["peak_memory_bytes"] = float(memory.peak_bytes)
+            facts, facts_tags = backend.trial_facts(config, served, running)
+    except Exception as exc:
+        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        kept = points.artifact([]) if points is not None else {}
+        return TrialResult(config, "FAILED", metrics={**metrics, **(search.metrics if search else {})},
+                           tags={**tags, "failure": "capacity"}, raw=kept, error=f"{type(exc).__name__}: {line}"[:500])
+    metrics.update({k: v for k, v in facts.items() if k in ("gguf_file_bytes", "n_ctx", "context_per_slot",
+                                                             "server_start_s")})
+    tags.update({k: v for k, v in facts_tags.items() if k not in ("server_command", "user_code")})
+    metrics.update(search.metrics)
+    metrics.update({f"c1_{k}": single[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95", "achieved_rps",
+                                                   "e2e_s_p50", "output_tok_per_s") if k in single})
+    metrics["single_stream_rps"] = single["achieved_rps"]
+    ttft_ratio, tpot_ratio = _ratios(single, slo)
+    metrics.update(ttft_ratio=ttft_ratio, tpot_ratio=tpot_ratio)
+    metrics.update(_capacity_metrics(capacity, search, ttft_ratio, tpot_ratio))
+    if curve is not None and capacity.rps > 0:
+        metrics["itl_s_p95_predicted"] = _predict_itl(curve, config, prompt, capacity.rps)
+    metrics["trial_wall_s"] = time.perf_counter() - began
+    metrics["cores_held"] = float(runtime.num_threads or os.cpu_count() or 1)
+    tags.update(capacity_status=capacity.status, capacity_note=capacity.note,
+                load_mode="warm-up, single stream, then seeded Poisson probes at rates the capacity search chose; "
+                          "streaming /v1/completions from one asyncio client")
+    return TrialResult(config, "FINISHED", metrics=metrics, tags=tags, raw=points.artifact(capacity.probes))
+
+
+def _capacity_metrics(capacity: Capacity, search: Search, ttft_ratio: float, tpot_ratio: float) -> dict[str, float]:
+    out = {"capacity_rps": capacity.rps, "capacity_rps_low": capacity.low, "capacity_rps_high": capacity.high,
+           "capacity_probes": float(len(capacity.probes)),
+           "slo_margin": capacity.rps if capacity.rps > 0 else min(0.0, 1 - max(ttft_ratio, tpot_ratio))}
+    at = capacity.at
+    if at is not None:
+        summary = search.summaries.get(at.rate, {})
+        out.update(capacity_attainment=at.attainment, capacity_attainment_low=at.low,
+                   capacity_attainment_high=at.high,
+                   capacity_output_tok_per_s=summary.get("output_tok_per_s", math.nan),
+                   itl_s_p95=summary.get("itl_s_p95", math.nan))
+    return out
