@@ -26,7 +26,7 @@ TORCH_FREE = ("trials.groups", "trials.stats.theory", "trials.stats.factorial", 
               "trials.engines.transformers.arguments", "trials.stats.serving", "trials.measurement.load",
               "trials.techniques.serving.spec", "dashboard.sections.serving",
               "trials.engines.server_process", "trials.engines.transformers_serve.spec",
-              "dashboard.app", "tracking.store")
+              "dashboard.app", "tracking.store", "sweeps.capacity_search")
 
 
 def module_name(path: Path) -> str:
