@@ -105,6 +105,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-defer", action="store_true",
                         help="run every planned trial even past --budget: workloads still shrink to their floors, "
                              "but nothing is deferred and no trial is held back (the budget then only sizes)")
+    parser.add_argument("--search", choices=("optuna", "grid"), default="optuna",
+                        help="how a searched group (capacity: the served configuration that sustains the most "
+                             "requests/s within the SLO) chooses its trials: optuna (default) proposes each next "
+                             "configuration from those measured so far, warm-started from the store, `search_trials` "
+                             "per model; grid runs every combination of the profile's knobs")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure step costs again instead of taking them from the store's record of its "
                              "earlier sweeps or this machine's cached calibration (workloads may change: "

@@ -171,8 +171,12 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
         for each in watches:
             each()
     keys = priority_keys(configs + (later.planned if later is not None else []))
+    from sweeps.searches import Searches
+
+    searches = Searches(getattr(args, "search", "grid"), uri, sweep_id, chosen_profile(args, device), device,
+                        getattr(args, "catalogue", None))
     searcher = StagedSearcher(configs, later, lambda queued: sorted(queued, key=lambda c: keys[c.config_hash]),
-                              deadline)
+                              deadline, searches)
     printer = ProgressPrinter(len(configs) + waiting, deadline, searcher, first_run_hint(uri),
                               functools.partial(tracking.write_live, uri, sweep_id), watch=watch)
     if job is not None:

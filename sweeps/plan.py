@@ -40,6 +40,11 @@ def plan(args: argparse.Namespace, device: str, uri: str | None = None) -> dict[
         for name in trials:
             if groups.get(name).select is not None:
                 trials[name] = groups.get(name).select(trials[name], sweep.stacks, sweep.source)
+    from sweeps.searches import plan_slots
+
+    finished = set() if uri is None or getattr(args, "rerun", False) else {
+        h for name in trials if groups.get(name).search for h in tracking.finished_hashes(uri, name)}
+    trials = plan_slots(trials, profile, device, getattr(args, "search", "grid"), runs, finished)
     return measure_once.fold(trials)
 
 

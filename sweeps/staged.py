@@ -8,7 +8,8 @@ arrive they join the trials not yet started, in ``order`` (the sweep's priority 
 trial that holds every core of its node waits in the queue (the build holds one). Before a trial
 is handed out, ``deadline`` (``sweeps.deferral.Deadline``) says whether it can end before the budget
 does; one that cannot is deferred to the next run, and the next one in line is asked. It says
-FINISHED when both stages are given out. Tune's own loop, resources, retries and callbacks stay as they are.
+FINISHED when both stages are given out. A searched group's slot
+(``sweeps.searches``) is handed out as what its search proposes. Tune's own loop, resources, retries and callbacks stay as they are.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from trials.config import TrialConfig
 
 class StagedSearcher(Searcher):
     def __init__(self, now: list[TrialConfig], later: Callable[[], list[TrialConfig] | None] | None = None,
-                 order: Callable[[list[TrialConfig]], list[TrialConfig]] | None = None, deadline=None):
+                 order: Callable[[list[TrialConfig]], list[TrialConfig]] | None = None, deadline=None,
+                 searches=None):
         super().__init__()
+        self.searches = searches      # a ``sweeps.searches.Searches``: a searched group's slot runs its proposal
         self.queue = list(now)
         self.later = later            # None once its trials are queued (or there is no later stage)
         self.order = order or (lambda configs: configs)
@@ -42,7 +45,11 @@ class StagedSearcher(Searcher):
                 return None           # not ready yet: Tune asks again
         while (config := self._next()) is not None:
             if self.deadline is None or self.deadline.admits(config):
-                return {"trial": config.to_dict()}
+                if self.searches is None:
+                    return {"trial": config.to_dict()}
+                handed = self.searches.hand_out(trial_id, config, self.deadline)
+                if handed is not None:
+                    return handed
         if self.queue:
             return None               # only trials that hold the node, which wait for the zoo's core
         return None if self.later is not None else Searcher.FINISHED
@@ -57,7 +64,9 @@ class StagedSearcher(Searcher):
         return None
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        pass                          # a sweep, not a search: results change nothing that follows
+        """A planned trial's result changes nothing that follows; a searched one's goes to its search."""
+        if self.searches is not None:
+            self.searches.complete(trial_id, result, error)
 
     def save(self, checkpoint_path: str) -> None:
         """What Tune's experiment checkpoint keeps: how many trials were still to be handed out (a

@@ -65,6 +65,9 @@ def run_in_worker(params: dict) -> None:
         result = run_trial(config, runtime)
     except Exception as exc:  # recorded as a FAILED run; the sweep goes on
         result = failed_result(config, exc)
+    if params.get("search"):          # a searched group's trial (sweeps.searches): which search, its place in it
+        result.tags.update(search=params["search"], search_id=params.get("search_id", ""))
+        result.metrics["search_index"] = float(params.get("search_index") or 0)
     context = ray.get_runtime_context()
     result.tags.update({"ray.node_id": context.get_node_id(), "ray.node_ip": ray.util.get_node_ip_address(),
                         "attempt": str(attempt), "profile": params.get("profile", ""),

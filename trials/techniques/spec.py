@@ -98,6 +98,8 @@ class Technique:
     shared_numbers: str | None = None              # "module:function" (config, result) -> (metrics, tags): its own
     #                                                numbers on a run another group measured; None: never shared
     shared_cost: Callable | None = None            # (config, estimate) -> seconds those numbers add
+    search: str | None = None                      # "module" of a space searched point by point (``searched``,
+    #                                                ``make_config``, ``point_of``, ``KNOBS``; sweeps.searches)
 
     @property
     def implemented(self) -> bool:

@@ -162,7 +162,9 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
                "parallel_slots": float(stack.batch_size), "attainment_target": load.attainment,
                "ttft_slo_s": slo.ttft_s, "tpot_slo_s": slo.tpot_s}
     curve, skip, prompt = _prediction(config, served, threads)
-    metrics.update(step_fixed_s=curve.fixed_s, step_per_token_s=curve.per_token_s, prompt_tokens_mean=prompt)
+    metrics["prompt_tokens_mean"] = prompt
+    if curve is not None:
+        metrics.update(step_fixed_s=curve.fixed_s, step_per_token_s=curve.per_token_s)
     tags["server_command"] = tags["user_code"] = backend.user_command(config, served, threads)
     if skip:
         tags.update(capacity_status="skipped", capacity_note=skip)

@@ -81,4 +81,5 @@ SPEC = Technique(
                   "real_models_only": ProfileKey("bool", optional=True),
                   "servers": ProfileKey("engine", many=True, optional=True)},
     cost=cost, shrink=shrink, engines=("llama_server",), serving=True, holds_node=True,
+    search="trials.techniques.capacity.space",
 )
