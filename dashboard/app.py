@@ -31,7 +31,8 @@ from dashboard import compare
 from dashboard.reader import deep_dive as draw_deep_dive
 from dashboard.reader import failed_runs, open_store, section_frame, shown, unmeasured_note
 from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaults
-from dashboard.sections.common import RUN_ID_FIELD, TextBeside, emulation_note, mark_emulated, real_model_note
+from dashboard.sections.common import (RUN_ID_FIELD, TextBeside, emulation_note, mark_emulated, neighbour_note,
+                                      real_model_note)
 from dashboard.sections.readable import readable
 from trials import groups
 from trials.errors import one_line_errors
@@ -103,6 +104,8 @@ def render_section(section, runs: tracking.RunsCache) -> html.Section:
             note, real = emulation_note(frame), real_model_note(frame)
             failed, detail = failed_runs(section, runs)
             body = ([html.P(note, id=f"{section.GROUP}-emulated", style=WARNING)] if note else [])
+            if noisy := neighbour_note(frame):
+                body.append(html.P(noisy, id=f"{section.GROUP}-noisy-neighbour", style=WARNING))
             body += ([html.P(real, id=f"{section.GROUP}-real-models", style=MUTED)] if real else [])
             body += ([html.P(failed, id=f"{section.GROUP}-failed", title=detail, style=WARNING)] if failed else [])
             if left_out := unmeasured_note(section, runs):

@@ -23,7 +23,7 @@ import plotly.offline
 import tracking
 from dashboard.reader import deep_dive, failed_runs, open_store, section_frame, unmeasured_note
 from dashboard.sections import all_sections, deep_dive_choices, deep_dive_defaults
-from dashboard.sections.common import TextBeside, emulation_note, mark_emulated, real_model_note
+from dashboard.sections.common import TextBeside, emulation_note, mark_emulated, neighbour_note, real_model_note
 from dashboard.sections.readable import readable
 from trials.errors import one_line_errors
 from trials.redaction import one_line, redact
@@ -70,7 +70,8 @@ def _section(section, runs: tracking.RunsCache) -> str:
                      f"<code>python sweeps/full.py --groups {html.escape(section.GROUP)}</code></p>")
         return "".join(parts)
     failed, _ = failed_runs(section, runs)
-    for note, kind in ((emulation_note(frame), "warning"), (real_model_note(frame), "muted"), (failed, "warning"),
+    for note, kind in ((emulation_note(frame), "warning"), (neighbour_note(frame), "warning"),
+                       (real_model_note(frame), "muted"), (failed, "warning"),
                        (unmeasured_note(section, runs), "warning")):
         if note:
             parts.append(f"<p class='{kind}'>{html.escape(note)}</p>")

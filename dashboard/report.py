@@ -21,7 +21,7 @@ import pandas as pd
 
 import tracking
 from dashboard.sections import all_sections
-from dashboard.sections.common import real_model_note, trial_seconds
+from dashboard.sections.common import neighbour_note, real_model_note, trial_seconds
 from trials import groups
 from trials.errors import one_line_errors
 from trials.redaction import one_line, redact
@@ -64,8 +64,9 @@ def report(uri: str, frames: dict[str, pd.DataFrame]) -> str:
     """The store's figures as Markdown, from ``group_frames(uri)``."""
     rows = all_runs(frames)
     out = [f"Measured in `{redact(uri)}`: {machine(rows)}", ""]
-    if note := real_model_note(rows):
-        out += [note, ""]
+    for note in (real_model_note(rows), neighbour_note(rows)):
+        if note:
+            out += [note, ""]
     out += trial_times(frames)
     for section in all_sections():                 # each section's own table, where it has one
         lines = section.report(frames[section.GROUP]) if hasattr(section, "report") else []

@@ -28,6 +28,7 @@ from trials.config import Runtime, Stack, TrialConfig, Workload, human_bytes, pa
 from trials.errors import ConfigError, one_line_errors, positive_int
 from trials.loop import OOM, TrialResult, failed_result, free_memory, is_out_of_memory
 from trials.measurement.cost import usd_per_million_tokens
+from trials.measurement.neighbours import OutsideCpu
 from trials.redaction import one_line
 
 
@@ -35,25 +36,31 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
     """Run one trial and return its measurements; raises on failure (the caller records it), except
     out of memory, in any group: that is a FAILED result whose reason starts with ``oom`` -- the
     device or host ran out, or the trial's measured peak exceeds ``runtime.memory_budget_bytes``
-    (``--memory-budget``: a smaller device emulated)."""
+    (``--memory-budget``: a smaller device emulated). Every result carries ``outside_cpu_cores``, the
+    CPU that processes outside the trial took meanwhile, and tag ``noisy_neighbour``
+    (``trials.measurement.neighbours``)."""
     if runtime.num_threads and config.device == "cpu":
         torch.set_num_threads(runtime.num_threads)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     started = time.perf_counter()
-    try:
-        result = groups.get(config.group).run(config, runtime)
-        if result.status == "FINISHED":
-            add_shared_numbers(config, result)
-    except Exception as exc:
-        if not is_out_of_memory(exc):
-            raise
-        result = failed_result(config, exc)
+    with OutsideCpu() as outside:        # this process and its children (a server): the rest is a neighbour
+        try:
+            result = groups.get(config.group).run(config, runtime)
+            if result.status == "FINISHED":
+                add_shared_numbers(config, result)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            result = failed_result(config, exc)
     if result.error and result.error.startswith(OOM):      # outside the handler: its frames hold tensors
         free_memory(config.device)
     over_budget(result, runtime.memory_budget_bytes)
     add_cost(result, runtime.price_per_hour_usd)
     result.metrics["trial_s"] = time.perf_counter() - started   # everything: loading, references, repeats
+    metrics, tags = outside.numbers()    # outside_cpu_cores; noisy_neighbour "True" above NOISY_CORES
+    result.metrics.update(metrics)
+    result.tags.update(tags)
     return result
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from trials.config import PRECISIONS
+from trials.measurement.neighbours import NOISY_CORES
 
 MB = 1024 * 1024
 EMULATED = "EMULATED"      # in provenance's device field iff the run's precision was emulated
@@ -104,6 +105,30 @@ def device_text(row: pd.Series) -> str:
     return text
 
 
+def noisy_neighbour(row) -> str:
+    """``noisy neighbour: 0.42 cores outside`` for a run whose tag ``noisy_neighbour`` is "True" (processes
+    outside the trial took more than ``NOISY_CORES`` of its CPUs, ``trials.measurement.neighbours``),
+    else "": shown on hover beside ``shared_machine``, and counted by ``neighbour_note``."""
+    if str(_value(row, "tags.noisy_neighbour")) != "True":
+        return ""
+    cores = pd.to_numeric(_value(row, "outside_cpu_cores"), errors="coerce")
+    return "noisy neighbour" + ("" if pd.isna(cores) else f": {float(cores):.2f} cores outside")
+
+
+def neighbour_note(frame: pd.DataFrame) -> str:
+    """One line when any run a chart may show (the latest per configuration) had a noisy neighbour."""
+    if not has(frame, "tags.noisy_neighbour"):
+        return ""
+    rows = latest(frame, ["tags.config_hash"]) if "tags.config_hash" in frame.columns else frame
+    marked = [row for row in rows.to_dict("records") if noisy_neighbour(row)]
+    if not marked:
+        return ""
+    most = pd.to_numeric(pd.Series([r.get("outside_cpu_cores") for r in marked]), errors="coerce").max()
+    return (f"{len(marked)} run(s) shown ran beside a noisy neighbour: processes outside the trial took more "
+            f"than {NOISY_CORES:g} core of its CPUs" + ("" if pd.isna(most) else f" (up to {most:.2f})")
+            + "; their numbers may read low (\"noisy neighbour\" on hover).")
+
+
 class Hover:
     """What a point shows on hover, from ONE list of fields ``(name, label, source, format)``: the
     trace's ``customdata`` rows (``rows``) and its hovertemplate lines (``lines``) come from the same
@@ -159,7 +184,8 @@ PROVENANCE = Hover(
     ("git", "git sha", lambda row: _short_sha(_value(row, "tags.env.git_sha")), "{}"),
     ("config", "config_hash", "tags.config_hash", "{}"),
     ("repeats", "repeats", "repeats", "{:.0f}"),
-    ("shared", "beside it", lambda row: _value(row, "tags.shared_machine") or "not recorded", "{}"),
+    ("shared", "beside it", lambda row: " · ".join(filter(None, (
+        _value(row, "tags.shared_machine") or "not recorded", noisy_neighbour(row)))), "{}"),
     ("run", "run", "run_id", "{}"),             # the whole id: a click opens the run (assets/open_run.js)
 )
 PROVENANCE_HOVER = (PROVENANCE.lines()[:-len("<br>")]
