@@ -91,7 +91,7 @@ def warm_start(frame, model: str, slo, knobs: Mapping[str, list] | None = None
     if frame is None or frame.empty or METRIC not in frame:
         return [], [], []
     rows = frame
-    for column, wanted in (("status", "FINISHED"), ("model", model), ("group", "capacity")):
+    for column, wanted in (("status", "FINISHED"), ("model", model)):
         if column in rows:
             rows = rows[rows[column] == wanted]
     same_slo = [_same(row, "ttft_slo_s", ttft_slo) and _same(row, "tpot_slo_s", tpot_slo)

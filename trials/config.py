@@ -118,8 +118,9 @@ class Stack:
         for name in ("step_tokens", "threads"):
             value = getattr(self, name)
             _check(_int_at_least(value, 0), f"{name} must be an integer >= 0 (0: the server's default), got {value!r}")
-            _check(value == 0 or known[self.engine].serves,
-                   f"{name} is a server's option (llama-server -b / -t); the {self.engine} engine runs in-process")
+            _check(value == 0 or name in known[self.engine].server_knobs,
+                   f"{name} is a server's option that the {self.engine} engine does not take "
+                   f"(it takes: {', '.join(known[self.engine].server_knobs) or 'none'})")
         if self.compile:
             _check(self.kv_bits == 16 and self.speculation == "none",
                    "compiled decoding runs on transformers' static cache, which neither a quantized KV "

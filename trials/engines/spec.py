@@ -65,6 +65,8 @@ class Engine:
     requires: tuple[str, ...] = ()              # other modules it needs beside ``package`` (a server's web stack)
     install: str = ""                           # how to install what it needs, for the plan's one line
     start_s: float = 5.0                        # a server's start (loading, first health answer), for the budget
+    server_knobs: tuple[str, ...] = ()          # the ``Stack`` fields a server takes as options (``step_tokens``:
+    #                                             tokens per scheduling step; ``threads``): the capacity group's knobs
     machine_setup: tuple[str, ...] = ()         # ``python -m`` and its arguments: what its trials need built on
     #                                             this machine (llama.cpp's tools), which a local sweep builds
     #                                             beside its first trials (sweeps.setup_beside); its trials wait

@@ -158,6 +158,15 @@ def parity(config: TrialConfig, served: Served, running: Running) -> dict[str, f
             "in_process_ttft_s_p50": statistics.median(ttfts)}
 
 
+def step_curve(config: TrialConfig, served: Served, threads: int):
+    """Seconds per scheduling step against the tokens in it, for the stack's GGUF, cache type and
+    threads (``step_curve.step_curve``: llama-bench, measured once and kept): what predicts the ITL
+    a ``-b`` gives under load (``trials.stats.step_time``)."""
+    from trials.engines.llama_server.step_curve import step_curve as measured
+
+    return measured(served.path, KV_TYPES[config.stack.kv_bits], threads)[0]
+
+
 def server_metrics(running: Running) -> dict[str, float]:
     """llama-server's Prometheus counters (``/metrics``), as ``server_<name>``."""
     status, text = http_get(f"{running.url}/metrics")

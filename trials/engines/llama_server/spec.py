@@ -35,7 +35,7 @@ SPEC = Engine(NAME, "llama.cpp server (llama-server)", GGUF_TYPES, {"ggml": (8, 
               calibrated=False, sixteen_bit=("f16",), four_bit=("q4_0", "q4_1", "q4_k_m"),
               proposers=("prompt_lookup", "draft"), devices=("cpu",), model_refusal=model_refusal, shipped=shipped,
               color="#00CC96", weight_word="GGUF weights", version_tag="llama_server_build",
-              serves=True, builds_on=("llama_cpp",),
+              serves=True, builds_on=("llama_cpp",), server_knobs=("step_tokens", "threads"),
               machine_setup=TOOLS_BUILD,
               caption="llama.cpp's own server (llama-server, built from the binding's source with the same flags) on "
                       "127.0.0.1, continuous batching over its parallel slots, fed the transformers tokenizer's ids "

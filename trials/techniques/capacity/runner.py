@@ -30,13 +30,13 @@ from trials.config import Runtime, TrialConfig
 from trials.loop import TrialResult, model_tags
 from trials.measurement.environment import environment_tags
 from trials.measurement.load import poisson_arrivals, run_point
+from trials.measurement.neighbours import NOISY_CORES, OutsideCpu
 from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
 from trials.stats.capacity import Capacity, Probe, attainment_interval, find_capacity
 from trials.stats.serving import Slo, meets, summarize
 from trials.techniques.serving.runner import POINT_TIMEOUT_S, LoadFailed, _requests
 
 log = logging.getLogger(__name__)
-NOISY_CORES = 0.1             # CPU taken outside the trial during a probe above which it is run again
 STOP_MARGIN_S = 15            # kept back from the trial's time limit: stopping the server, logging
 DEFAULT_STEP_TOKENS = 2048    # llama-server's -b when none is given
 
@@ -69,21 +69,16 @@ class Points:
                 "probes": [p.to_dict() for p in probes]}
 
 
-def _outside_cpu():
-    """A context manager giving the CPU (cores) processes outside this trial took while it was open."""
-    from trials.measurement.neighbours import OutsideCpu
-
-    return OutsideCpu()
-
-
 def _prediction(config: TrialConfig, served, threads: int):
     """(the step-time curve, the reason the -b cannot meet the TPOT limit or None, mean prompt tokens)."""
-    from trials.engines.llama_server.step_curve import measure_curve
     from trials.stats.step_time import tpot_cannot_meet
 
     stack = config.stack
     prompt = sum(len(ids) for ids in served.prompt_ids.values()) / len(served.prompt_ids)
-    curve = measure_curve(served.path, stack.kv_bits, threads)
+    backend = engines.backend(stack)
+    if not hasattr(backend, "step_curve"):
+        return None, None, prompt
+    curve = backend.step_curve(config, served, threads)
     reason = tpot_cannot_meet(curve, stack.step_tokens or DEFAULT_STEP_TOKENS, stack.batch_size, round(prompt),
                               config.workload.max_new_tokens, config.load.tpot_slo_s)
     return curve, reason, prompt
@@ -110,10 +105,10 @@ class Search:
         name = f"p{index}"
         for attempt in (1, 2):
             arrivals = poisson_arrivals(rate, load.warmup + load.requests, seed=self.config.seed + 100 * index + attempt)
-            with _outside_cpu() as outside:
+            with OutsideCpu() as outside:
                 summary, met = self.points.run(f"{name}_" if attempt == 1 else f"{name}r_", arrivals=arrivals,
                                                count=load.warmup + load.requests, warmup=load.warmup, offset=index)
-            cores = outside.cores
+            cores = outside.outside_cpu_cores
             if attempt == 1 and cores is not None and cores > NOISY_CORES:
                 log.info("capacity probe %s at %.3g req/s: %.2f cores taken outside the trial: run again", name, rate, cores)
                 continue

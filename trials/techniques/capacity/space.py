@@ -17,7 +17,7 @@ from trials import engines as engine_registry
 from trials.config import Load, Stack, TrialConfig, parse_cache
 from trials.models.registry import BUILT_IN, Catalogue, model_config
 from trials.techniques import planning
-from trials.techniques.capacity.spec import NAME
+from trials.techniques.capacity.spec import KNOBS as SERVER_KNOBS, NAME
 
 log = logging.getLogger(__name__)
 KNOBS = ("precision", "kv_bits", "slots", "step_tokens", "threads")
@@ -76,10 +76,12 @@ def searched(models: list[str], profile, device: str, catalogue: Catalogue = BUI
         settings = profile.settings(NAME, entry, device)
         if settings.get("real_models_only") and entry.source == "zoo":
             continue
-        chosen = [engine_registry.get(n) for n in settings.get("servers") or ["llama_server"]]
-        here = [e for e in chosen if e.serves and device in e.devices and e.installed() and e.name == "llama_server"]
+        chosen = [engine_registry.get(n) for n in settings.get("servers") or engine_registry.servers()]
+        here = [e for e in chosen if e.serves and device in e.devices and e.installed()
+                and all(k in e.server_knobs for k in SERVER_KNOBS)]
         if not here:
-            log.info("capacity: %s left out on %s: llama-server does not run here", entry.name, device)
+            log.info("capacity: %s left out on %s: no installed server engine takes %s", entry.name, device,
+                     " and ".join(SERVER_KNOBS))
             continue
         out += [(entry, engine, settings, knobs(engine, entry, settings, device)) for engine in here]
     return out

@@ -21,7 +21,13 @@ MIN_NEW_TOKENS = 32
 PROBES = 5                   # a typical search: the single-stream start, a doubling, three bisections
 
 
+KNOBS = ("step_tokens", "threads")     # what a server engine must take (``Engine.server_knobs``) to be searched here
+
+
 def guard(stack) -> str | None:
+    missing = [k for k in KNOBS if k not in engines.get(stack.engine).server_knobs]
+    if missing:
+        return f"the capacity group searches a server's {' and '.join(KNOBS)}; {stack.engine} does not take {', '.join(missing)}"
     if stack.compile:
         return f"the capacity group drives servers (no compiled decoding), got stack {stack.label}"
     if stack.speculation != "none":
@@ -80,6 +86,6 @@ SPEC = Technique(
                   "attainment": ProfileKey("number", low=0.01, high=1),
                   "real_models_only": ProfileKey("bool", optional=True),
                   "servers": ProfileKey("engine", many=True, optional=True)},
-    cost=cost, shrink=shrink, engines=("llama_server",), serving=True, holds_node=True,
+    cost=cost, shrink=shrink, engines=None, serving=True, holds_node=True,
     search="trials.techniques.capacity.space",
 )
