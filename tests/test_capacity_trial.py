@@ -59,7 +59,7 @@ def test_a_configuration_s_capacity_is_searched_probe_by_probe(measured):
         assert m[f"p{i}_slo_attainment_low"] <= m[f"p{i}_slo_attainment"] <= m[f"p{i}_slo_attainment_high"]
         assert m[f"p{i}_passed"] == float(m[f"p{i}_slo_attainment"] >= LOOSE.attainment)
         assert m[f"p{i}_itl_s_p95_predicted"] > 0 and not math.isnan(m[f"p{i}_outside_cpu_cores"])
-    assert probes[0]["rate"] == pytest.approx(m["single_stream_rps"] / 2)
+    assert probes[0]["rate"] == pytest.approx(m["single_stream_rps"])     # two slots: from the single-stream rate
     passing = [p["rate"] for p in probes if p["passed"]]
     assert m["capacity_rps"] == (max(passing) if passing else 0.0)
     if m["capacity_rps"] > 0:

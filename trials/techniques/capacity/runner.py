@@ -10,7 +10,8 @@ healthy first, stopped and checked gone after), sends the warm-up requests, then
    limits the configuration is infeasible, and the run says so with the single-stream p95s;
 2. probes (``trials.stats.capacity.find_capacity``): each ``warmup + requests`` seeded Poisson
    arrivals at one rate, the first ``warmup`` left out; attainment with a bootstrap interval;
-   doubled from half the single-stream rate, then bisected to 10 %. A probe during which processes
+   doubled from the single-stream rate (half of it with one slot: ``spec.start_rps``), then bisected
+   to 10 %. A probe during which processes
    outside the trial took more than ``NOISY_CORES`` of a core is run once more, and said so. A probe
    that does not fit in the time the sweep gave the trial ends the search: a lower bound.
 
@@ -34,6 +35,7 @@ from trials.measurement.neighbours import NOISY_CORES, OutsideCpu
 from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
 from trials.stats.capacity import Capacity, Probe, attainment_interval, find_capacity
 from trials.stats.serving import Slo, meets, summarize
+from trials.techniques.capacity.spec import start_rps
 from trials.techniques.serving.runner import POINT_TIMEOUT_S, LoadFailed, _requests
 
 log = logging.getLogger(__name__)
@@ -183,7 +185,7 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
                 request_s = single["e2e_s_p50"]
                 count = load.warmup + load.requests
                 capacity = find_capacity(
-                    search.probe, single["achieved_rps"] / 2, target=load.attainment,
+                    search.probe, start_rps(single["achieved_rps"], stack.batch_size), target=load.attainment,
                     time_left=lambda: limit - (time.perf_counter() - began) - STOP_MARGIN_S,
                     probe_seconds=lambda rate: count / rate + request_s)
             metrics["peak_memory_bytes"] = float(memory.peak_bytes)

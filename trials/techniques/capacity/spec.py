@@ -36,10 +36,17 @@ def guard(stack) -> str | None:
     return None
 
 
-def probe_rates(single_rps: float) -> list[float]:
-    """The rates a typical search probes, from half the single-stream rate: x1/2, x1, then bisections
-    between them (the budget's estimate; the search itself decides)."""
-    return [single_rps * m for m in (0.5, 1.0, 0.71, 0.84, 0.92)][:PROBES]
+def start_rps(single_rps: float, slots: int) -> float:
+    """Where the search starts: the single-stream rate where several slots decode together (they
+    sustain more), half of it with one slot (which queues at once above it)."""
+    return single_rps if slots > 1 else single_rps / 2
+
+
+def probe_rates(single_rps: float, slots: int) -> list[float]:
+    """The rates a typical search probes (the budget's estimate; the search itself decides): its
+    start, a doubling that misses, then bisections between the two."""
+    start = start_rps(single_rps, slots)
+    return [start * m for m in (1.0, 2.0, 1.41, 1.19, 1.09)][:PROBES]
 
 
 def cost(config, estimate) -> float:
@@ -53,7 +60,7 @@ def cost(config, estimate) -> float:
     count = load.warmup + load.requests
     served_s = count * request_s / batched_speedup(step, slots)
     single = count * request_s
-    probes = sum(max(count / rate, served_s) + request_s for rate in probe_rates(1 / request_s))
+    probes = sum(max(count / rate, served_s) + request_s for rate in probe_rates(1 / request_s, slots))
     return engines.get(config.stack.engine).start_s + single + probes
 
 
