@@ -380,3 +380,20 @@ def test_saturation_and_the_sustainable_point_on_a_synthetic_ladder():
     assert sustainable(ladder[:4], slo) is ladder[1]
     assert sustainable(ladder, slo)["achieved_rps"] == pytest.approx(20 * 0.95)
     assert sustainable([ladder_point(1, 1.0, tpot_p95=0.06)], slo) is None
+
+
+def test_an_open_loop_point_stops_early_once_its_stop_says_why(server):
+    """A probe that can no longer pass stops: nothing more is sent, the requests in flight are
+    cancelled, and every record left says so (``STOPPED``); the ones that finished are kept."""
+    from trials.measurement.load import STOPPED
+
+    server.reset()
+    arrivals = [0.05 * i for i in range(1, 41)]          # 40 requests over 2 s, each ~0.5 s long
+    run = run_point(server.url, requests_of(*["slow"] * 40, max_tokens=5), arrivals=arrivals,
+                    body={"delay_s": 0.1}, stop=lambda finished: "enough" if len(finished) >= 3 else "")
+    done = [r for r in run.records if r.ok]
+    stopped = [r for r in run.records if r.error.startswith(STOPPED)]
+    assert len(done) == 3 and len(done) + len(stopped) == 40
+    assert any("cancelled in flight (enough)" in r.error for r in stopped)
+    assert any("not sent (enough)" in r.error for r in stopped)
+    assert run.wall_s < 1.5                               # not the 2.5 s the whole point takes

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, fields
 import aiohttp
 
 ERROR_CHARS = 300               # an error is one line, at most this long
+STOPPED = "stopped: "           # the error of a request a point stopped early did not send or finish
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,7 @@ class Client:
         self.ends_with_done = ends_with_done
         self.t0 = time.perf_counter()
         self.gone = ""
+        self.stopped = ""               # why the point stopped early (``stop``), "" while it runs
         self.first_sent: float | None = None
         self.last_done = 0.0
 
@@ -225,6 +227,10 @@ class Client:
     async def send(self, request: Request, scheduled_s: float) -> RequestRecord:
         """Send one request now and follow its stream to the end; never raises."""
         record = RequestRecord(request.prompt_id, scheduled_s)
+        if self.stopped:
+            record.sent_s = record.done_s = scheduled_s
+            record.error = f"{STOPPED}not sent ({self.stopped})"
+            return record
         if self.gone:
             record.sent_s = record.done_s = scheduled_s
             record.error = f"not sent: server unreachable ({self.gone})"
@@ -238,6 +244,8 @@ class Client:
                         text = await response.text(errors="replace")
                         raise StreamError(one_line(f"HTTP {response.status}: {text}"))
                     await read_stream(response, record, self.t0, self.ends_with_done)
+        except asyncio.CancelledError:         # the point stopped early (``open_loop``'s stop)
+            record.error = f"{STOPPED}cancelled in flight ({self.stopped})"
         except StreamError as exc:
             record.error = str(exc)
         except Exception as exc:                # one request's failure is a measurement, not a crash
@@ -250,14 +258,31 @@ class Client:
         return record
 
 
-async def open_loop(client: Client, requests: list[Request], arrivals: list[float]) -> list[RequestRecord]:
-    """Each request is sent at its offset, whether or not earlier ones have finished."""
-    tasks = []
+async def open_loop(client: Client, requests: list[Request], arrivals: list[float],
+                    stop=None) -> list[RequestRecord]:
+    """Each request is sent at its offset, whether or not earlier ones have finished. ``stop``
+    (records finished so far -> a reason, or "") is asked as each request finishes: once it gives a
+    reason, nothing more is sent and the requests in flight are cancelled (their records say so)."""
+    tasks, finished = [], []
+
+    def done(task: asyncio.Task) -> None:
+        if task.cancelled() or client.stopped:
+            return
+        finished.append(task.result())
+        reason = stop(finished)
+        if reason:
+            client.stopped = reason
+            for other in tasks:
+                other.cancel()
+
     for request, offset in zip(requests, arrivals):
         delay = offset - client.now()
-        if delay > 0 and not client.gone:
+        if delay > 0 and not client.gone and not client.stopped:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(client.send(request, offset)))
+        task = asyncio.create_task(client.send(request, offset))
+        if stop is not None:
+            task.add_done_callback(done)
+        tasks.append(task)
     return list(await asyncio.gather(*tasks))
 
 
@@ -278,12 +303,14 @@ async def closed_loop(client: Client, requests: list[Request], concurrency: int)
 
 async def drive(url: str, requests: list[Request], *, arrivals: list[float] | None = None,
                 concurrency: int | None = None, timeout_s: float = 300, body: dict | None = None,
-                ends_with_done: bool = True) -> PointRun:
+                ends_with_done: bool = True, stop=None) -> PointRun:
     """Run one load point against ``{url}/v1/completions`` (streaming, greedy, usage included;
     ``body`` adds or overrides fields, e.g. ``{"ignore_eos": True, "cache_prompt": False}``;
     ``ends_with_done``: whether the server closes each stream with ``data: [DONE]``).
     Exactly one of ``arrivals`` (open loop: one offset per request, seconds from the point's start)
-    or ``concurrency`` (closed loop). Records come back in the order of ``requests``."""
+    or ``concurrency`` (closed loop). Records come back in the order of ``requests``. ``stop``
+    (open loop only): ``open_loop``'s early stop; the requests it left are records whose error starts
+    with ``STOPPED``."""
     if (arrivals is None) == (concurrency is None):
         raise ValueError("give exactly one of arrivals (open loop) or concurrency (closed loop)")
     if arrivals is not None and len(arrivals) != len(requests):
@@ -298,7 +325,7 @@ async def drive(url: str, requests: list[Request], *, arrivals: list[float] | No
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         client = Client(session, url.rstrip("/"), timeout_s, body, ends_with_done)
         if arrivals is not None:
-            records = await open_loop(client, requests, arrivals)
+            records = await open_loop(client, requests, arrivals, stop)
         else:
             records = await closed_loop(client, requests, concurrency)
     first = client.first_sent if client.first_sent is not None else 0.0
@@ -310,7 +337,7 @@ async def drive(url: str, requests: list[Request], *, arrivals: list[float] | No
 
 def run_point(url: str, requests: list[Request], *, arrivals: list[float] | None = None,
               concurrency: int | None = None, timeout_s: float = 300, body: dict | None = None,
-              ends_with_done: bool = True) -> PointRun:
+              ends_with_done: bool = True, stop=None) -> PointRun:
     """``drive`` from synchronous code (its own event loop)."""
-    return asyncio.run(drive(url, requests, arrivals=arrivals, concurrency=concurrency,
+    return asyncio.run(drive(url, requests, arrivals=arrivals, concurrency=concurrency, stop=stop,
                              timeout_s=timeout_s, body=body, ends_with_done=ends_with_done))

@@ -39,6 +39,7 @@ class Probe:
     point: str = ""                      # the run's point name (``p3``)
     repeated: bool = False               # run again once: something outside the trial took CPU
     outside_cpu_cores: float = math.nan
+    stopped: bool = False                # stopped once it could not pass (its attainment: the most it could reach)
 
     def to_dict(self) -> dict:
         return asdict(self)

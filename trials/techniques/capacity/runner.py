@@ -10,7 +10,8 @@ healthy first, stopped and checked gone after), sends the warm-up requests, then
    limits the configuration is infeasible, and the run says so with the single-stream p95s;
 2. probes (``trials.stats.capacity.find_capacity``): each ``warmup + requests`` seeded Poisson
    arrivals at one rate, the first ``warmup`` left out; attainment with a bootstrap interval;
-   doubled from the single-stream rate (half of it with one slot: ``spec.start_rps``), then bisected
+   a probe stops once more requests missed than the target allows (it cannot pass; the share it
+   reports is then the most it could have reached); doubled from the single-stream rate (half of it with one slot: ``spec.start_rps``), then bisected
    to 10 %. A probe during which processes
    outside the trial took more than ``NOISY_CORES`` of a core is run once more, and said so. A probe
    that does not fit in the time the sweep gave the trial ends the search: a lower bound.
@@ -30,7 +31,7 @@ from trials import engines
 from trials.config import Runtime, TrialConfig
 from trials.loop import TrialResult, model_tags
 from trials.measurement.environment import environment_tags
-from trials.measurement.load import poisson_arrivals, run_point
+from trials.measurement.load import STOPPED, poisson_arrivals, run_point
 from trials.measurement.neighbours import NOISY_CORES, OutsideCpu
 from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
 from trials.stats.capacity import Capacity, Probe, attainment_interval, find_capacity
@@ -51,14 +52,15 @@ class Points:
         self.slo = Slo(config.load.ttft_slo_s, config.load.tpot_slo_s)
         self.points: list[tuple[str, dict, object]] = []
 
-    def run(self, prefix: str, *, arrivals=None, concurrency=None, count: int, warmup: int = 0, offset: int = 0):
+    def run(self, prefix: str, *, arrivals=None, concurrency=None, count: int, warmup: int = 0, offset: int = 0,
+            stop=None):
         """One point; returns (its summary, whether each kept request met both limits)."""
         requests = _requests(self.served, count, self.config.workload.max_new_tokens, offset)
         run = run_point(self.url, requests, arrivals=arrivals, concurrency=concurrency, timeout_s=POINT_TIMEOUT_S,
-                        body=self.body, ends_with_done=self.ends_with_done)
+                        body=self.body, ends_with_done=self.ends_with_done, stop=stop)
         summary = summarize(run, self.slo, warmup=warmup)
         self.points.append((prefix, summary, run))
-        failed = [r.error for r in run.records if r.error]
+        failed = [r.error for r in run.records if r.error and not r.error.startswith(STOPPED)]
         if failed:
             raise LoadFailed(f"{len(failed)} of {len(run.records)} requests failed at {prefix.rstrip('_')}: {failed[0]}")
         kept = sorted(run.records, key=lambda r: r.sent_s)[warmup:]
@@ -93,6 +95,24 @@ def _predict_itl(curve, config: TrialConfig, prompt: float, rate: float) -> floa
                            round(prompt), config.workload.max_new_tokens, rate)
 
 
+class Decided:
+    """A probe's early stop: once more of its requests (after the warm-up arrivals) missed the SLO
+    than the target allows, it cannot pass, and the requests left are not worth their time.
+    ``misses``: how many had missed when it stopped (None while it runs)."""
+
+    def __init__(self, slo: Slo, load, arrivals: list[float]):
+        self.slo, self.allowed = slo, math.floor((1 - load.attainment) * load.requests + 1e-9)
+        self.first_kept = arrivals[load.warmup] if load.warmup < len(arrivals) else math.inf
+        self.misses: int | None = None
+
+    def __call__(self, finished) -> str:
+        misses = sum(not meets(r, self.slo) for r in finished if r.scheduled_s >= self.first_kept)
+        if misses <= self.allowed:
+            return ""
+        self.misses = misses
+        return f"{misses} requests missed the SLO, more than the {self.allowed} the target allows"
+
+
 class Search:
     """The probes of one trial: each a Poisson point at one rate, run again once when disturbed."""
 
@@ -107,22 +127,27 @@ class Search:
         name = f"p{index}"
         for attempt in (1, 2):
             arrivals = poisson_arrivals(rate, load.warmup + load.requests, seed=self.config.seed + 100 * index + attempt)
+            stop = Decided(self.points.slo, load, arrivals)
             with OutsideCpu() as outside:
                 summary, met = self.points.run(f"{name}_" if attempt == 1 else f"{name}r_", arrivals=arrivals,
-                                               count=load.warmup + load.requests, warmup=load.warmup, offset=index)
+                                               count=load.warmup + load.requests, warmup=load.warmup, offset=index,
+                                               stop=stop)
             cores = outside.outside_cpu_cores
             if attempt == 1 and cores is not None and cores > NOISY_CORES:
                 log.info("capacity probe %s at %.3g req/s: %.2f cores taken outside the trial: run again", name, rate, cores)
                 continue
             break
         share, low, high = attainment_interval(met, seed=self.config.seed + index)
+        if stop.misses is not None:      # stopped early: at most this share could have met the limits
+            share, low, high = 1 - stop.misses / load.requests, sum(met) / load.requests, 1 - stop.misses / load.requests
         passed = share >= load.attainment
         probe = Probe(rate, share, low, high, passed, name, repeated=attempt == 2,
-                      outside_cpu_cores=math.nan if cores is None else cores)
+                      outside_cpu_cores=math.nan if cores is None else cores, stopped=stop.misses is not None)
         predicted = _predict_itl(self.curve, self.config, self.prompt, rate) if self.curve is not None else math.nan
         self.metrics.update({f"{name}_offered_rps": rate, f"{name}_slo_attainment": share,
                              f"{name}_slo_attainment_low": low, f"{name}_slo_attainment_high": high,
                              f"{name}_passed": float(passed), f"{name}_repeated": float(attempt == 2),
+                             f"{name}_stopped_early": float(probe.stopped),
                              f"{name}_outside_cpu_cores": probe.outside_cpu_cores,
                              f"{name}_itl_s_p95_predicted": predicted,
                              **{f"{name}_{k}": summary[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95",
