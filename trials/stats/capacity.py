@@ -79,8 +79,8 @@ def find_capacity(probe: Callable[[float], Probe], start_rps: float, *, target: 
     """Double from ``start_rps`` (halve where it misses), then bisect to ``precision``. Before each
     probe, ``probe_seconds(rate)`` (its expected length) is checked against ``time_left()``: a probe
     that does not fit ends the search, with what it found kept as a lower bound."""
-    if start_rps <= 0:
-        raise ValueError(f"start_rps must be > 0, got {start_rps}")
+    if not 0 < start_rps < math.inf:                 # NaN too: it would probe NaN req/s
+        raise ValueError(f"start_rps must be > 0 and finite, got {start_rps}")
     probes: list[Probe] = []
     passed, missed = 0.0, math.inf          # highest passing rate, lowest missing rate
     rate, cut = start_rps, ""
