@@ -4,6 +4,7 @@
     llm-recommend --model smollm2-135m-instruct --max-ttft 200ms --max-tpot 50ms --price-per-hour 0.9
     llm-recommend --details                              # each pick in full: its code, its command
     llm-recommend --objective throughput --json          # machine-readable
+    llm-recommend --max-ttft 500ms --max-tpot 50ms --rate 2 --price-per-hour 0.1   # servers for 2 req/s
 
 Per model: the fastest single-stream stack, the highest-throughput batched stack, the smallest, (with
 a price) the cheapest per 1M output tokens and (with serving runs) the served stack that sustains the
@@ -13,6 +14,13 @@ picks it wins, its tok/s and 95 % interval, peak memory, quality, latency and $/
 runner-up lost. --details prints each pick in full with the command that reruns the trial and the
 code for its engine; the objective's pick comes first, marked "recommended". Where nothing passes:
 the closest stack and the limits it misses. The dashboard's best-stack card shows the same table.
+
+Then, per model with capacity runs (``dashboard.capacity``): the llama-server configuration with the
+highest capacity (requests/s with >= 90 % of requests within --max-ttft and --max-tpot, else the SLO
+the runs were searched under) within the quality budget, its interval, its status (measured, or a
+lower bound), its command line and, with --rate, the servers that rate takes, $/h and $/1M output
+tokens at that load; where nothing is feasible, the closest configuration's single stream against
+the SLO. The card shows the same block.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import math
 import sys
 
 import tracking
-from dashboard import served
+from dashboard import capacity, served
 from dashboard.decision_table import glance
 from dashboard.decision_table import render as render_table
 from dashboard.decision import (DEFAULT_LIMITS, OBJECTIVES, ROLES, Decision, Limits, as_dict, decide, facts,
@@ -64,6 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--price-per-hour", type=argument_type(parse_price_per_hour), default=None, metavar="USD",
                         help="the machine's price in US dollars per hour: adds $/1M output tokens and the "
                              "cheapest pick (default: the price each run logged, if any)")
+    parser.add_argument("--rate", type=argument_type(capacity.parse_rate), default=None, metavar="REQ_PER_S",
+                        help="a target load in requests per second: the capacity pick's servers for it, $/h and "
+                             "$/1M output tokens at that load (with --price-per-hour)")
     parser.add_argument("--no-quality-limit", action="store_true",
                         help="drop the KL and perplexity limits (every stack counts, harmful ones too)")
     parser.add_argument("--details", action="store_true",
@@ -146,6 +157,19 @@ def _clean(value):
     return value
 
 
+def _capacity_text(capacities: dict, model: str, limits: Limits) -> str:
+    """The model's capacity block; a model without capacity runs, where others have them: one line."""
+    if model in capacities:
+        return capacity.render(capacities[model], limits)
+    return f"{model}: no capacity runs for this model (python sweeps/full.py runs the capacity search)" \
+        if capacities else ""
+
+
+def _no_capacity_line(capacities: dict) -> None:
+    if not capacities:
+        print(capacity.NO_RUNS + "\n")
+
+
 @one_line_errors(PROG)
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -153,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         uri = tracking.reachable_uri(args.tracking_uri, must_exist=True)
         group = deciding_section().GROUP
         frame = tracking.runs_frame(uri, group, status=None)
+        capacity_runs = capacity.read(uri)
     except tracking.TrackingError as exc:
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 2
@@ -163,34 +188,49 @@ def main(argv: list[str] | None = None) -> int:
     serving, in_process = served.read(uri)
     served_models = sorted(served.latest(serving)["model"].dropna().unique()) if not serving.empty else []
     has_stacks = not finished.empty and "tags.stack_name" in finished
-    if not has_stacks and not served_models:
+    capacity_models = capacity.models(capacity_runs)
+    if not has_stacks and not served_models and not capacity_models:
         raise ConfigError(f"{redact(uri)} holds no finished runs of the {group} group: run "
                           f"python sweeps/full.py --groups {group} --tracking-uri ... first")
-    known = sorted(set(finished["model"].dropna().unique() if has_stacks else ()) | set(served_models))
+    known = sorted(set(finished["model"].dropna().unique() if has_stacks else ()) | set(served_models)
+                   | set(capacity_models))
     unknown = [m for m in args.model or [] if m not in known]
     if unknown:
         raise ConfigError(f"no {group} runs for {', '.join(map(repr, unknown))} in {redact(uri)}"
-                          f"{' (nor served runs)' if served_models else ''}; models with {group} runs: "
+                          f"{' (nor served or capacity runs)' if served_models or capacity_models else ''}; "
+                          f"models with {group} runs: "
                           f"{', '.join(known)}")
     decisions = {d.model: d for d in (decide(frame, limits, args.model) if has_stacks else [])}
     picks = {d.model: d for d in served.decide_served(serving, in_process, limits, args.model)}
-    models = [m for m in (args.model or known) if m in decisions or m in picks]
+    capacities = {d.model: d for d in capacity.decide_capacity(capacity_runs, in_process, limits, args.model,
+                                                               args.rate)}
+    models = [m for m in (args.model or known) if m in decisions or m in picks or m in capacities]
     if args.json:
         print(json.dumps(_clean([{**(as_dict(decisions[m]) if m in decisions else {"model": m}),
                                   "served": served.as_dict(picks[m], limits) if m in picks else None,
-                                  "table": glance(decisions.get(m), picks.get(m), limits, args.objective).rows()}
+                                  "capacity_decision": capacity.as_dict(capacities[m]) if m in capacities else None,
+                                  "table": glance(decisions.get(m), picks.get(m), limits, args.objective).rows()
+                                  if m in decisions or m in picks else []}
                                  for m in models]), indent=1))
     elif args.details:
-        print(f"Store: {redact(uri)} ({group} group{'; served stacks from the serving runs' if picks else ''})\n")
+        print(f"Store: {redact(uri)} ({group} group{'; served stacks from the serving runs' if picks else ''}"
+              f"{'; capacity from the capacity runs' if capacities else ''})\n")
         print("\n\n".join("\n".join(part for part in (render(decisions[m], args.objective) if m in decisions else "",
-                                                       served.render(picks[m], limits) if m in picks else "") if part)
+                                                       served.render(picks[m], limits) if m in picks else "",
+                                                       _capacity_text(capacities, m, limits)) if part)
                              for m in models))
+        _no_capacity_line(capacities)
     else:
-        print(f"Store: {redact(uri)} ({group} group{'; served stacks from the serving runs' if picks else ''})\n")
+        print(f"Store: {redact(uri)} ({group} group{'; served stacks from the serving runs' if picks else ''}"
+              f"{'; capacity from the capacity runs' if capacities else ''})\n")
         for m in models:
             decision, pick = decisions.get(m), picks.get(m)
-            head = headline(decision, args.objective) or f"{m}: served stacks only (limits: {limits.describe()})"
-            print(render_table(glance(decision, pick, limits, args.objective), head) + "\n")
+            parts = []
+            if decision is not None or pick is not None:
+                head = headline(decision, args.objective) or f"{m}: served stacks only (limits: {limits.describe()})"
+                parts.append(render_table(glance(decision, pick, limits, args.objective), head))
+            print("\n".join(parts + [_capacity_text(capacities, m, limits)]).strip("\n") + "\n")
+        _no_capacity_line(capacities)
         print("--details: each pick in full, with the code that turns it on and the command that reruns it")
     return 0
 

@@ -13,7 +13,10 @@ together, ``trials.techniques.stacks.runner``), never a sum of separate trials. 
    batched one, the smallest, the cheapest with a price, the served one with serving runs) within the
    limits typed in the boxes beside the model selector (quality, latency, price), as the table
    ``llm-recommend`` prints (``dashboard.decision_table``: one row per distinct stack), why each
-   runner-up lost under it, and each stack's code and reproduce command behind a click.
+   runner-up lost under it, and each stack's code and reproduce command behind a click. Under it,
+   with capacity runs, the capacity pick (``dashboard.capacity``: the llama-server configuration with
+   the most requests/s within the SLO and the quality budget, with its interval and status, and for
+   the rate typed in its box the servers it takes and their cost), its command line behind a click.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from dashboard import served
+from dashboard import capacity, served
 from dashboard.decision import DEFAULT_LIMITS, Limits, decide
 from dashboard.decision_table import COLUMNS, Glance, glance
 from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, TextBeside, count_range,
@@ -56,6 +59,7 @@ DEEP_DIVE_CONTROLS = {
     "max_ttft_ms": ("max TTFT ms", None, 10),
     "max_tpot_ms": ("max time/token ms", None, 1),
     "price_per_hour": ("price $/h", None, 0.1),
+    "rate_rps": ("rate req/s (capacity)", None, 0.5),
 }
 LAYOUT = dict(template=TEMPLATE, margin=dict(l=70, r=20, t=60, b=50), height=440)
 COLORS = qualitative.Plotly
@@ -244,9 +248,11 @@ def best_card(table: Glance) -> go.Figure:
     return figure
 
 
-def card_text(table: Glance) -> TextBeside:
+def card_text(table: Glance, capacity_pick: capacity.CapacityDecision | None = None,
+              limits_now: Limits = DEFAULT_LIMITS) -> TextBeside:
     """Under the card: why each runner-up lost and the notes; each stack's code and the command that
-    reruns it (a served stack: the server's command line) behind a click, with a copy button."""
+    reruns it (a served stack: the server's command line) behind a click, with a copy button; then the
+    capacity pick's block and its command line (none: no capacity runs for the model)."""
     folds = []
     for line in table.lines:
         blocks = (("turn it on in your code", line.code),
@@ -254,14 +260,20 @@ def card_text(table: Glance) -> TextBeside:
         if line.code or line.command:
             folds.append((f"{line.stack}: the code and the command", tuple(b for b in blocks if b[1])))
     lines = tuple(f"why not the runner-up, {text}" for text in table.why) + tuple(table.notes)
+    if capacity_pick is not None:
+        lines += tuple(capacity.card_lines(capacity_pick, limits_now))
+        chosen = capacity_pick.pick or (capacity_pick.closest[0] if capacity_pick.closest else None)
+        if chosen is not None and chosen.command:
+            which = "capacity pick" if capacity_pick.pick is not None else "capacity, closest"
+            folds.append((f"{which} {chosen.label}: the command", (("serve it", chosen.command),)))
     return TextBeside(lines, tuple(folds))
 
 
 def deep_dive_reads() -> tuple[str, ...]:
     """The groups the card reads besides this one: the served pick's (serving runs, and the in-process
-    runs that score their GGUFs)."""
+    runs that score their GGUFs) and the capacity pick's."""
     serving, in_process = served.groups_read()
-    return tuple(serving + in_process)
+    return tuple(serving + in_process + [capacity.GROUP])
 
 
 # ------------------------------------------------------------------------------ the protocol
@@ -288,11 +300,13 @@ def deep_dive(frame: pd.DataFrame, model: str, others: dict | None = None, **box
     if rows.empty:
         return []
     chosen = {name: boxes.get(name, default) for name, (_, default, _) in DEEP_DIVE_CONTROLS.items()}
+    rate = chosen.pop("rate_rps")
     limits_now = limits(**chosen)
     [decision] = decide(mine, limits_now, [model])
     table = glance(decision, _served(others or {}, limits_now, model), limits_now)
+    capacity_pick = _capacity(others or {}, limits_now, model, rate)
     return [(FRONTIER_ID, frontier(rows, model)), (EFFECTS_ID, effects_chart(frame, model)),
-            (CARD_ID, best_card(table)), (CARD_TEXT_ID, card_text(table))]
+            (CARD_ID, best_card(table)), (CARD_TEXT_ID, card_text(table, capacity_pick, limits_now))]
 
 
 def _served(others: dict, limits_now: Limits, model: str):
@@ -300,6 +314,17 @@ def _served(others: dict, limits_now: Limits, model: str):
     serving, in_process = (pd.concat([others.get(g, pd.DataFrame()) for g in names] or [pd.DataFrame()],
                                      ignore_index=True) for names in served.groups_read())
     found = served.decide_served(serving, in_process, limits_now, [model])
+    return found[0] if found else None
+
+
+def _capacity(others: dict, limits_now: Limits, model: str, rate) -> capacity.CapacityDecision | None:
+    """The model's capacity decision from the frames of ``deep_dive_reads`` (None: no capacity runs);
+    ``rate``: the box's req/s (empty or not above 0: none)."""
+    runs = others.get(capacity.GROUP, pd.DataFrame())
+    in_process = pd.concat([others.get(g, pd.DataFrame()) for g in served.groups_read()[1]] or [pd.DataFrame()],
+                           ignore_index=True)
+    rate_rps = float(rate) if rate not in (None, "") and float(rate) > 0 else None
+    found = capacity.decide_capacity(runs, in_process, limits_now, [model], rate_rps)
     return found[0] if found else None
 
 
