@@ -30,13 +30,12 @@ POINT = re.compile(r"^r(?P<index>\d+)_(?P<name>.+)$")
 
 def groups_read() -> tuple[list[str], list[str]]:
     """(the groups that serve a ladder of rates, the in-process groups that run every engine: where
-    quality is scored). The capacity group serves too, but each of its runs is one searched capacity,
-    not a ladder: ``dashboard.capacity`` decides from it (read here, a run of it whose stack label
-    equals a served stack's would replace that stack's ladder)."""
+    quality is scored). A searched serving group (capacity) serves too, but each of its runs is one
+    configuration's capacity, not a ladder: ``dashboard.capacity`` decides from it (read here, a run
+    of it whose stack label equals a served stack's would replace that stack's ladder)."""
     from trials import groups
-    from trials.techniques.capacity.spec import NAME as CAPACITY
 
-    return ([g.name for g in groups.GROUPS if g.serving and g.implemented and g.name != CAPACITY],
+    return ([g.name for g in groups.GROUPS if g.serving and g.implemented and not g.search],
             [g.name for g in groups.GROUPS if g.engines is None and not g.serving and g.implemented])
 
 
