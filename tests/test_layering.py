@@ -24,7 +24,7 @@ PACKAGES = ("trials", "sweeps", "tracking", "dashboard")
 TORCH_FREE = ("trials.groups", "trials.stats.theory", "trials.stats.factorial", "trials.config",
               "trials.models", "trials.models.registry", "trials.measurement.kv_footprint", "trials.errors",
               "trials.engines.transformers.arguments", "trials.stats.serving", "trials.measurement.load",
-              "trials.techniques.serving.spec", "dashboard.sections.serving",
+              "trials.techniques.serving.spec", "dashboard.sections.serving", "dashboard.sections.capacity",
               "trials.engines.server_process", "trials.engines.transformers_serve.spec",
               "dashboard.app", "tracking.store")
 
