@@ -24,10 +24,13 @@ def section_frame(section, runs: tracking.RunsCache):
     """The runs a section charts: FINISHED ones, unless the section asks for more with ``RUN_STATUS``
     (None: every run, with a ``status`` column; e.g. FAILED 'oom' runs mark a memory boundary).
     Only each configuration's most recent run: a chart shows no other, and a store where the same
-    sweep ran a hundred times then charts as fast as one where it ran once. ``shown``: as a chart
-    may show it."""
-    frame = shown(runs.frame(section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"), latest=True))
-    return frame[~_unmeasured(frame)]
+    sweep ran a hundred times then charts as fast as one where it ran once; a section whose chart
+    shows each run (``EVERY_RUN``, e.g. a search's trials in order) gets them all. A finished run
+    without its section's measured number (``MEASURED_BY``, else ``tok_per_s``) is left out.
+    ``shown``: as a chart may show it."""
+    frame = shown(runs.frame(section.GROUP, status=getattr(section, "RUN_STATUS", "FINISHED"),
+                             latest=not getattr(section, "EVERY_RUN", False)))
+    return frame[~_unmeasured(frame, measured_by(section))]
 
 
 def deep_dive(section, runs: tracking.RunsCache, model: str, chosen: dict) -> list:
@@ -38,10 +41,15 @@ def deep_dive(section, runs: tracking.RunsCache, model: str, chosen: dict) -> li
     return section.deep_dive(section_frame(section, runs), model, **chosen, **others)
 
 
-def _unmeasured(frame: pd.DataFrame) -> pd.Series:
-    """FINISHED runs without a finite ``tok_per_s``: written by another tool, or cut short."""
+def measured_by(section) -> str:
+    """The metric a finished run of ``section`` must hold to be charted (``MEASURED_BY``; ``tok_per_s``)."""
+    return getattr(section, "MEASURED_BY", "tok_per_s")
+
+
+def _unmeasured(frame: pd.DataFrame, metric: str = "tok_per_s") -> pd.Series:
+    """FINISHED runs without a finite ``metric``: written by another tool, or cut short."""
     finished = frame["status"] == "FINISHED" if "status" in frame.columns else pd.Series(True, index=frame.index)
-    speed = frame["tok_per_s"] if "tok_per_s" in frame.columns else pd.Series(np.nan, index=frame.index)
+    speed = frame[metric] if metric in frame.columns else pd.Series(np.nan, index=frame.index)
     return finished & speed.isna()
 
 
@@ -49,14 +57,16 @@ def unmeasured_note(section, runs: tracking.RunsCache) -> str:
     """The section's line on finished runs it leaves out for want of a throughput; empty if none."""
     try:
         frame = shown(runs.frame(section.GROUP, status="FINISHED", latest=True))
-        left = frame[_unmeasured(frame)]
+        metric = measured_by(section)
+        left = frame[_unmeasured(frame, metric)]
     except Exception:  # the note must never take the section down
         return ""
     if left.empty:
         return ""
     names = ", ".join(sorted({f"{row.get('model', '?')} {row.get('stack', '')}".strip()
                               for _, row in left.iterrows()})[:5])
-    return (f"{len(left)} finished run(s) without a measured tok/s (missing, NaN or infinite) left out: "
+    what = "tok/s" if metric == "tok_per_s" else metric
+    return (f"{len(left)} finished run(s) without a measured {what} (missing, NaN or infinite) left out: "
             f"{names}{' ...' if len(left) > 5 else ''}")
 
 

@@ -1,7 +1,8 @@
 """Every chart of every group, as a user sees it: the real app on a real store, headless Chromium.
 
 The store is the session's quick sweep (baseline, speculative, batching, quantization) with the
-session's KV-cache and stacks trials copied in through the real tracking API, plus one injected
+session's KV-cache and stacks trials copied in through the real tracking API, synthetic capacity runs
+of both real models (``tests/test_capacity_charts.py``: every status, a search beside a grid), plus one injected
 rerun of a baseline configuration in two more sweeps, the second twice as fast, both with tight intervals. For each
 section the page must draw every chart the section declares (and its deep dive), each with plotted
 points, a title and axis titles (numeric axes with their unit); every point's run id must be a run
@@ -28,13 +29,14 @@ from trials.config import TrialConfig
 from trials.loop import TrialResult
 
 from dashboard.sections.readable import LOG_SPAN  # noqa: E402
+from test_capacity_charts import log_capacity_runs  # noqa: E402
 from ui import RENDER_TIMEOUT_S, click_until, figure, hover_until, select_model, serve, table, text, wait  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 MLFLOW_UI = "http://127.0.0.1:5999"
 # A numeric axis names its unit (or says the number is a count, share, ratio or effect).
-UNIT = re.compile(r"tok/s|req/s|requests/s|\(s\)|requests in flight|%|\bMB\b|MiB|GiB|\(x\)|tokens|nats|perplexity|batch size|\bk\b|multiplicative|share", re.I)
+UNIT = re.compile(r"tok/s|req/s|requests/s|\(s\)|requests in flight|%|\bMB\b|MiB|GiB|\(x\)|tokens|nats|perplexity|batch size|\bk\b|multiplicative|share|\btrials\b", re.I)
 
 LAYOUT_JS = """
 const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
@@ -106,6 +108,7 @@ def every_group(quick_sweep, kv_store, stacks_store, engines_store, serving_stor
     assert _copy_runs(kv_store, uri, "kv_cache") and _copy_runs(stacks_store, uri, "stacks")
     assert _copy_runs(engines_store, uri, "engines") and _copy_runs(serving_store[0], uri, "serving")
     _inject_a_fast_model(uri)
+    assert all(log_capacity_runs(uri))
     base = tracking.runs_frame(uri, "baseline").sort_values("start_time").iloc[-1]
     data = tracking.read_trial_artifact(uri, base["run_id"])
     for sweep, speed in (("injected-1x", float(base["tok_per_s"])), ("injected-2x", 2 * float(base["tok_per_s"]))):

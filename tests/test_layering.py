@@ -24,8 +24,8 @@ PACKAGES = ("trials", "sweeps", "tracking", "dashboard")
 TORCH_FREE = ("trials.groups", "trials.stats.theory", "trials.stats.factorial", "trials.config",
               "trials.models", "trials.models.registry", "trials.measurement.kv_footprint", "trials.errors",
               "trials.engines.transformers.arguments", "trials.stats.serving", "trials.stats.step_time",
-              "trials.measurement.load",
-              "trials.techniques.serving.spec", "dashboard.sections.serving",
+              "trials.measurement.load", "trials.stats.capacity",
+              "trials.techniques.serving.spec", "dashboard.sections.serving", "dashboard.sections.capacity",
               "trials.engines.server_process", "trials.engines.transformers_serve.spec",
               "dashboard.app", "tracking.store", "sweeps.capacity_search")
 

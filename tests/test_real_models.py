@@ -80,8 +80,10 @@ SHARED = {"engines": "llama_cpp:q4_1",          # taken from the session's engin
 def smol_store(real_models, engines_store, serving_store, tmp_path_factory):
     """One trial per chart group on SmolLM2 (one repeat: the suite checks the path, not the
     numbers), logged to a fresh MLflow store: (uri, results). The engines group's is the shipped
-    GGUF's run of the session's engines store (llama.cpp), the serving group's its served run, copied."""
+    GGUF's run of the session's engines store (llama.cpp), the serving group's its served run, copied;
+    the capacity group's a synthetic run of that served stack with its tags."""
     import tracking
+    from test_capacity_charts import capacity_like
     from trials.loop import TrialResult
 
     uri = tracking.resolve_uri(f"sqlite:///{tmp_path_factory.mktemp('real')}/mlflow.db")
@@ -97,6 +99,7 @@ def smol_store(real_models, engines_store, serving_store, tmp_path_factory):
         results[group] = TrialResult(TrialConfig.from_dict(data["config"]), data["status"], data["metrics"],
                                      data["tags"], data["raw"], data.get("error", ""))
         tracking.log_trial(uri, results[group])
+    tracking.log_trial(uri, capacity_like(results["serving"]))    # the capacity section's (synthetic: no second server)
     return uri, results
 
 

@@ -5,7 +5,9 @@ A section module follows ``Section`` (below): ``GROUP`` (its MLflow experiment, 
 name), ``TITLE``, ``BLURB`` (one sentence: the question it answers) and
 ``figures(frame) -> [(component id, plotly figure)]``; and it may define the optional hooks in
 ``OPTIONAL_HOOKS``: ``caption(frame) -> str`` (what the numbers are), ``RUN_STATUS`` (which runs it
-charts; None: all, with a ``status`` column), ``deep_dive(frame, model)`` with ``DEEP_DIVE_TITLE`` and
+charts; None: all, with a ``status`` column), ``EVERY_RUN`` (True: every run, not only each
+configuration's latest, e.g. a search's trials in order), ``MEASURED_BY`` (the metric a finished run
+must hold to be charted; ``tok_per_s`` by default), ``deep_dive(frame, model)`` with ``DEEP_DIVE_TITLE`` and
 ``deep_dive_models(frame)`` (per-model charts under a selector), and ``DEEP_DIVE_CONTROLS``
 (``{name: (label, default, step)}``: number boxes beside the selector, passed to ``deep_dive`` by
 name), ``deep_dive_reads() -> [group]`` (other groups whose frames ``deep_dive`` gets as ``others``,
@@ -41,7 +43,8 @@ class Section(Protocol):
 
 
 REQUIRED = {"GROUP": str, "TITLE": str, "BLURB": str, "figures": Callable}
-OPTIONAL_HOOKS = {"caption": Callable, "RUN_STATUS": (str, type(None)), "deep_dive": Callable,
+OPTIONAL_HOOKS = {"caption": Callable, "RUN_STATUS": (str, type(None)), "EVERY_RUN": bool, "MEASURED_BY": str,
+                  "deep_dive": Callable,
                   "DEEP_DIVE_TITLE": str, "deep_dive_models": Callable, "DEEP_DIVE_CONTROLS": dict,
                   "deep_dive_reads": Callable, "report": Callable}
 HOOKS = {**REQUIRED, **OPTIONAL_HOOKS}

@@ -74,6 +74,8 @@ def _panel_figure(pts: pd.DataFrame, models: list[str], kind: str, y: str, title
     figure = make_subplots(rows=1, cols=len(models), subplot_titles=models, shared_yaxes=True)
     stacks = sorted(pts["stack"].astype(str).unique())
     colors = {s: COLORS[i % len(COLORS)] for i, s in enumerate(stacks)}
+    named: set[str] = set()          # a stack's first line in any panel names it in the legend (one model's
+    #                                  stacks need not be another's: each model's own lines are named too)
     for col, model in enumerate(models, start=1):
         mine = pts[(pts["model"] == model) & (pts["kind"] == kind)]
         for stack in stacks:
@@ -89,12 +91,13 @@ def _panel_figure(pts: pd.DataFrame, models: list[str], kind: str, y: str, title
             exact = pd.to_numeric(part.get(f"{y}_exact", pd.Series(1, index=part.index)), errors="coerce").fillna(1)
             custom, template = _hover(part, y_title, y, fmt)
             figure.add_trace(go.Scatter(
-                name=stack, legendgroup=stack, showlegend=col == 1, x=list(part["level"]), y=list(ys),
+                name=stack, legendgroup=stack, showlegend=stack not in named, x=list(part["level"]), y=list(ys),
                 mode="lines+markers", error_y=error, line=dict(color=colors[stack]),
                 marker=dict(symbol=["circle" if e else "circle-open" for e in exact], size=8),
                 text=[f"{p} ({'exact' if e else 'largest value: too few requests for this percentile'})"
                       for p, e in zip(part["point"], exact)],
                 customdata=custom, hovertemplate=template), row=1, col=col)
+            named.add(stack)
         if bound and bound in mine.columns and len(mine):
             _bounds(figure, mine, bound, colors, col)
         if limit and limit in mine.columns and len(mine):
@@ -103,7 +106,9 @@ def _panel_figure(pts: pd.DataFrame, models: list[str], kind: str, y: str, title
         if diagonal and len(mine):
             top = float(mine["level"].max())
             figure.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", line=dict(dash="dot", color="#999"),
-                                        name="offered", showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
+                                        name="offered", legendgroup="offered", showlegend="offered" not in named,
+                                        hoverinfo="skip"), row=1, col=col)
+            named.add("offered")
     x_title = "offered rate (requests/s, Poisson)" if kind == "rate" else "requests in flight (closed loop)"
     figure.update_xaxes(title_text=x_title)
     figure.update_yaxes(title_text=y_title)
