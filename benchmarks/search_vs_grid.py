@@ -22,11 +22,14 @@ import pandas as pd
 import tracking
 from trials.errors import one_line_errors
 
-GROUP = "capacity"
 
 
 def runs(uri: str, search: str) -> pd.DataFrame:
-    frame = tracking.runs_frame(tracking.reachable_uri(uri, must_exist=True), GROUP)
+    """The searched group's runs of ``uri`` (the capacity group: ``Technique.search``) made by ``search``."""
+    from trials import groups
+
+    group = next(g.name for g in groups.GROUPS if g.search)
+    frame = tracking.runs_frame(tracking.reachable_uri(uri, must_exist=True), group)
     if frame.empty or "tags.search" not in frame:
         return pd.DataFrame()
     return frame[frame["tags.search"] == search]

@@ -58,7 +58,7 @@ def picked_stacks() -> dict[str, set[str]]:
     fast = fast_precision("cpu")
     return {"baseline": {"fp32"}, "speculative": {"fp32+lookup(k=4)"}, "kv_cache": {fast, f"{fast}+kv4-hqq"},
             "batching": {"fp32+b2"}, "quantization": {"bf16"}, "stacks": {fast}, "engines": set(),
-            "serving": set()}
+            "serving": set(), "capacity": set()}
 
 
 def _hub_cache(folder, model_folder):
@@ -107,10 +107,12 @@ def test_a_sweep_files_own_models_run_through_every_group_and_every_reader(tiny_
     # every group runs them; the engines group plans them on llama.cpp too (through llama.cpp's
     # converter, the route tests/test_engines.py runs on the same tiny-gqa weights), not run here
     # and the serving group serves them behind llama-server (tests/test_serving.py runs that path)
-    assert {c.group for c in local} == {c.group for c in hub} == set(groups.implemented()) - {"engines", "serving"}
+    # and the capacity group searches their served configurations (tests/test_capacity_trial.py runs one)
+    assert {c.group for c in local} == {c.group for c in hub} == set(groups.implemented()) - {"engines", "serving", "capacity"}
     for model in ("my-tiny", "my-hub"):
         assert {"llama_cpp:f16", "llama_cpp:q8_0"} <= {c.stack.label for c in planned["engines"] if c.model == model}
         assert {"llama_server:f16", "llama_server:f16+b4"} <= {c.stack.label for c in planned["serving"] if c.model == model}
+        assert {"llama_server:f16+b4+step64"} <= {c.stack.label for c in planned["capacity"] if c.model == model}
     assert local[0].entry().location == str((tmp_path / "my-tiny").resolve())
     assert hub[0].entry().source == "hub" and all(c.declared for c in [*local, *hub])
 
@@ -134,7 +136,8 @@ def test_a_sweep_files_own_models_run_through_every_group_and_every_reader(tiny_
             write_record(uri, {"result": result, "sweep_id": sweep_id, "trial_key": uuid.uuid4().hex})
 
     # the store alone rebuilds each config, with the same hash
-    frames = {group: tracking.runs_frame(uri, group) for group in groups.implemented() if group not in ("engines", "serving")}
+    frames = {group: tracking.runs_frame(uri, group) for group in groups.implemented()
+              if group not in ("engines", "serving", "capacity")}
     for group, frame in frames.items():
         assert set(frame["model"]) == {"my-tiny", "my-hub"}, group
         for _, row in frame.iterrows():

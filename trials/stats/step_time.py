@@ -149,6 +149,19 @@ def prompt_chunks(prompt_tokens: int, step_tokens: int) -> list[int]:
     return [min(b, prompt_tokens - start) for start in range(0, prompt_tokens, b)]
 
 
+def tpot_one_arrival(curve: StepCurve, step_tokens: int, slots: int, prompt_tokens: int, new_tokens: int) -> float:
+    """The TPOT (s) of a request during whose decode one other prompt arrives (``tpot_cannot_meet``'s
+    rule); a decode step alone with one slot; 0 below two new tokens."""
+    _check(slots, prompt_tokens, new_tokens)
+    if new_tokens < 2:
+        return 0.0
+    if slots == 1:
+        return curve.seconds(1)
+    gaps, decode_s = new_tokens - 1, curve.seconds(2)
+    stall_s = sum(curve.seconds(c + 1) - decode_s for c in prompt_chunks(prompt_tokens, step_tokens))
+    return (gaps * decode_s + stall_s) / gaps
+
+
 def tpot_cannot_meet(curve: StepCurve, step_tokens: int, slots: int, prompt_tokens: int, new_tokens: int,
                      tpot_limit_s: float) -> str | None:
     """Why ``-b`` = ``step_tokens`` cannot meet the TPOT limit, in one line (ms); None when it can.

@@ -190,8 +190,13 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     tags["server_command"] = tags["user_code"] = backend.user_command(config, served, threads)
     if skip:
         tags.update(capacity_status="skipped", capacity_note=skip)
+        from trials.stats.step_time import tpot_one_arrival
+
+        predicted = tpot_one_arrival(curve, stack.step_tokens or DEFAULT_STEP_TOKENS, stack.batch_size, round(prompt),
+                                     config.workload.max_new_tokens)
         metrics.update(capacity_rps=0.0, capacity_rps_low=0.0, capacity_rps_high=math.nan, capacity_probes=0.0,
-                       slo_margin=min(0.0, -1e-3), trial_wall_s=time.perf_counter() - began)
+                       tpot_s_predicted=predicted, slo_margin=min(0.0, 1 - predicted / load.tpot_slo_s),
+                       trial_wall_s=time.perf_counter() - began)
         log.info("capacity %s skipped before any load: %s", stack.label, skip)
         return TrialResult(config, "FINISHED", metrics=metrics, tags=tags, raw={"points": [], "probes": []})
     points, search, capacity = None, None, None
