@@ -68,7 +68,10 @@ def test_a_configuration_s_capacity_is_searched_probe_by_probe(measured):
     assert m["step_per_token_s"] > 0 and m["server_step_tokens"] == 64 and m["server_threads"] == 1
     assert "--batch-size 64" in tags["user_code"] and "--threads 1" in tags["user_code"]
     requests = [r for p in raw["points"] for r in p["requests"]]
-    assert all(r["output_tokens"] == WORKLOAD.max_new_tokens for r in requests)
+    assert all(r["output_tokens"] == WORKLOAD.max_new_tokens for r in requests if not r["error"])
+    stopped = [p for p in probes if p["stopped"]]             # a probe that could no longer pass stopped
+    assert all(not p["passed"] and p["attainment"] < LOOSE.attainment for p in stopped)
+    assert all(r["error"].startswith("stopped: ") for r in requests if r["error"])
     assert "outside_cpu_cores" in m and tags["noisy_neighbour"] in ("True", "False")
 
 
