@@ -65,6 +65,8 @@ PER_GROUP = {
     "engines": dict(stack=Stack(precision="fp32")),        # its transformers side (llama.cpp: tests/test_engines.py)
     "serving": dict(stack=Stack(engine="llama_server", precision="f16"),      # the server's resident set
                     load=Load(rates=(1.0,), concurrency=(1,), requests=2, warmup=0)),
+    "capacity": dict(stack=Stack(engine="llama_server", precision="f16", step_tokens=64),
+                     load=Load(requests=2, warmup=0, ttft_slo_s=0.001)),    # infeasible: the single stream only
 }
 
 

@@ -237,6 +237,8 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     metrics.update(_capacity_metrics(capacity, search, ttft_ratio, tpot_ratio))
     if curve is not None and capacity.rps > 0:
         metrics["itl_s_p95_predicted"] = _predict_itl(curve, config, prompt, capacity.rps)
+    # the run's throughput, as every group logs one: the most output tok/s at any point
+    metrics["tok_per_s"] = max(s.get("output_tok_per_s", 0.0) for _, s, _ in points.points)
     metrics["trial_wall_s"] = time.perf_counter() - began
     metrics["cores_held"] = float(runtime.num_threads or os.cpu_count() or 1)
     tags.update(capacity_status=capacity.status, capacity_note=capacity.note,
