@@ -270,3 +270,15 @@ def test_every_stack_of_every_served_model_is_named_in_each_serving_legend(tmp_p
         assert not unnamed_lines(figure), (cid, unnamed_lines(figure))
         in_legend = {t.name for t in figure.data if t.showlegend is not False}
         assert labels <= in_legend, (cid, labels - in_legend)
+
+
+def test_the_results_page_table_lists_every_configuration_best_first(capacity_store):
+    from dashboard.sections import capacity
+
+    lines = capacity.report(tracking.runs_frame(capacity_store, capacity.GROUP))
+    rows = [line for line in lines[2:] if line.startswith("| ")]
+    assert lines[0].startswith("| model | configuration | status | capacity req/s [interval]") and rows
+    for model in {row.split(" | ")[0][2:] for row in rows}:
+        mine = [float(row.split(" | ")[3].split()[0]) for row in rows if row.startswith(f"| {model} |")]
+        assert mine == sorted(mine, reverse=True)
+    assert any("lower bound" in row for row in rows) and any("infeasible" in row for row in rows)

@@ -3,7 +3,7 @@ with at least 90 % of its requests within both the TTFT and the TPOT limit, and 
 
 Each capacity run (``trials/techniques/capacity/runner.py``) served one configuration (weights, KV
 cache type, slots ``-np``, tokens per scheduling step ``-b``, threads) and probed Poisson rates:
-doubled from half its single-stream rate, then bisected to 10 % (``trials.stats.capacity``). Every
+doubled from its single-stream rate (half of it with one slot), then bisected to 10 % (``trials.stats.capacity``). Every
 probe is in the frame as ``p{i}_*`` metrics, so the charts need no artifact. Four charts:
 
 1. capacity per configuration, sorted, one panel per model: whiskers from the highest probe whose
@@ -402,3 +402,25 @@ def caption(frame: pd.DataFrame) -> str:
             f"output token ≤ {span('tpot_slo_s')} s; whiskers: from the highest probe whose bootstrap 95 % interval "
             f"lies wholly above the target to the lowest probe that missed. Configurations: {said}. "
             f"Device: {device_names(rows)}.")
+
+
+def report(frame: pd.DataFrame) -> list[str]:
+    """Per model, each configuration's capacity with its interval (best first), how it ended, the
+    single-stream p95s against the SLO, and the p95 ITL at the capacity beside the step curve's
+    prediction for its -b; the results page's table (``llm-report``)."""
+    if not has(frame, *NEEDED):
+        return []
+    rows = _rows(frame)
+    lines = ["| model | configuration | status | capacity req/s [interval] | within the SLO at it | "
+             "single stream p95 TTFT / TPOT (ms) | p95 ITL at it: measured / predicted (ms) | probes | search |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows.sort_values(["model", "capacity_rps"], ascending=[True, False]).to_dict("records"):
+        attained = _number(row.get("capacity_attainment"))
+        single = (f"{_text(1000 * _number(row.get('c1_ttft_s_p95')), '{:.0f}')} / "
+                  f"{_text(1000 * _number(row.get('c1_tpot_s_p95')), '{:.0f}')}")
+        itl = (f"{_text(1000 * _number(row.get('itl_s_p95')), '{:.0f}')} / "
+               f"{_text(1000 * _number(row.get('itl_s_p95_predicted')), '{:.0f}')}")
+        lines.append(f"| {row['model']} | {row['stack']} | {row['_status']} | {_text(row.get('capacity_rps'))} "
+                     f"{_interval(row).replace(' req/s', '')} | {'n/a' if pd.isna(attained) else f'{attained:.0%}'} | "
+                     f"{single} | {itl} | {_text(row.get('capacity_probes'), '{:.0f}')} | {_search_name(row)} |")
+    return lines
