@@ -130,6 +130,9 @@ class Searches:
 
             frame = tracking.runs_frame(self.uri, config.group)
             warm = warm_start(frame, config.model, config.load, choices)
+            trials = settings["search_trials"]
+            # a handful of trials: the sampler learns from the second on (its default waits for 4 random ones)
             self.searchers[key] = CapacitySearcher(choices, make_trial, search="optuna", seed=SEED, warm=warm,
-                                                   max_trials=settings["search_trials"])
+                                                   max_trials=trials, n_startup_trials=max(1, min(4, trials // 3)))
+            self.index[key] = searched_so_far(frame, config)        # the search goes on where the store left it
         return self.searchers[key]
