@@ -40,12 +40,18 @@ def plan(args: argparse.Namespace, device: str, uri: str | None = None) -> dict[
         for name in trials:
             if groups.get(name).select is not None:
                 trials[name] = groups.get(name).select(trials[name], sweep.stacks, sweep.source)
+    return measure_once.fold(searched_slots(trials, args, profile, device, uri, runs))
+
+
+def searched_slots(trials, args, profile, device: str, uri: str | None, runs):
+    """A searched group's grid as the slots its search fills (``sweeps.searches``), each a point not
+    measured yet; with --rerun the whole search again, the store aside."""
     from sweeps.searches import plan_slots
 
-    finished = set() if uri is None or getattr(args, "rerun", False) else {
-        h for name in trials if groups.get(name).search for h in tracking.finished_hashes(uri, name)}
-    trials = plan_slots(trials, profile, device, getattr(args, "search", "grid"), runs, finished)
-    return measure_once.fold(trials)
+    rerun = getattr(args, "rerun", False) or uri is None
+    finished = set() if rerun else {h for name in trials if groups.get(name).search
+                                    for h in tracking.finished_hashes(uri, name)}
+    return plan_slots(trials, profile, device, getattr(args, "search", "grid"), None if rerun else runs, finished)
 
 
 def chosen_profile(args: argparse.Namespace, device: str):
