@@ -68,6 +68,11 @@ class StepCurve:
         """One step holding ``tokens`` tokens (a fractional count: the expected step)."""
         return self.fixed_s + self.per_token_s * tokens
 
+    def with_overhead(self, seconds: float) -> StepCurve:
+        """The curve with ``seconds`` more per step: a server's own work each step beyond the model's
+        compute that llama-bench times (sampling, streaming each token over HTTP, its scheduler)."""
+        return StepCurve(self.fixed_s + max(0.0, seconds), self.per_token_s, self.samples, self.residual)
+
     def as_dict(self) -> dict:
         return {"fixed_s": self.fixed_s, "per_token_s": self.per_token_s, "residual": self.residual,
                 "samples": [list(p) for p in self.samples]}

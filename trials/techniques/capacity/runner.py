@@ -17,7 +17,9 @@ healthy first, stopped and checked gone after), sends the warm-up requests, then
    that does not fit in the time the sweep gave the trial ends the search: a lower bound.
 
 Every point is kept in the run's artifact (its requests' timelines) and as ``c1_*`` / ``p{i}_*``
-metrics; the predicted p95 ITL is logged beside the measured one at every probe.
+metrics; the predicted p95 ITL is logged beside the measured one at every probe, from the step curve
+plus what the server adds to each step beyond llama-bench's compute (its single stream's median ITL
+less the curve's one-token step: ``server_step_overhead_s``).
 """
 
 from __future__ import annotations
@@ -207,6 +209,10 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
                 run_point(running.url, _requests(served, load.warmup, config.workload.max_new_tokens),
                           concurrency=1, timeout_s=POINT_TIMEOUT_S, body=points.body, ends_with_done=points.ends_with_done)
             single, met = points.run("c1_", concurrency=1, count=load.requests)
+            if curve is not None:       # what the server adds to each step, from its own single stream
+                overhead = max(0.0, single["itl_s_p50"] - curve.seconds(1))
+                metrics["server_step_overhead_s"] = overhead
+                curve = curve.with_overhead(overhead)
             search = Search(config, points, curve, prompt)
             share, _, _ = attainment_interval(met, seed=config.seed)
             if share < load.attainment:
