@@ -66,6 +66,8 @@ def test_a_configuration_s_capacity_is_searched_probe_by_probe(measured):
         assert m["capacity_attainment"] >= LOOSE.attainment
         assert m["itl_s_p95_predicted"] > 0 and m["itl_s_p95"] > 0
     assert m["step_per_token_s"] > 0 and m["server_step_tokens"] == 64 and m["server_threads"] == 1
+    # the server's own work per step, beyond llama-bench's compute, from its single stream's median ITL
+    assert m["server_step_overhead_s"] == pytest.approx(max(0.0, m["c1_itl_s_p50"] - m["step_fixed_s"] - m["step_per_token_s"]))
     assert "--batch-size 64" in tags["user_code"] and "--threads 1" in tags["user_code"]
     requests = [r for p in raw["points"] for r in p["requests"]]
     assert all(r["output_tokens"] == WORKLOAD.max_new_tokens for r in requests if not r["error"])

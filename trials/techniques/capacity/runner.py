@@ -235,7 +235,7 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
                                                              "server_start_s")})
     tags.update({k: v for k, v in facts_tags.items() if k not in ("server_command", "user_code")})
     metrics.update(search.metrics)
-    metrics.update({f"c1_{k}": single[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95", "achieved_rps",
+    metrics.update({f"c1_{k}": single[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95", "itl_s_p50", "achieved_rps",
                                                    "e2e_s_p50", "output_tok_per_s") if k in single})
     metrics["single_stream_rps"] = single["achieved_rps"]
     ttft_ratio, tpot_ratio = _ratios(single, slo)
