@@ -282,3 +282,4 @@ def test_the_results_page_table_lists_every_configuration_best_first(capacity_st
         mine = [float(row.split(" | ")[3].split()[0]) for row in rows if row.startswith(f"| {model} |")]
         assert mine == sorted(mine, reverse=True)
     assert any("lower bound" in row for row in rows) and any("infeasible" in row for row in rows)
+    assert not any("infeasible" in row and "lower bound" in row for row in rows)

@@ -97,6 +97,9 @@ def _text(value, fmt: str = "{:.3g}") -> str:
 
 
 def _interval(row: dict) -> str:
+    status = row.get("_status") or _status(row)
+    if status in ("infeasible", "skipped"):
+        return f"none: {STATUSES[status][0]}"
     low, high = _number(row.get("capacity_rps_low")), _number(row.get("capacity_rps_high"))
     return f"[{_text(low)}, {'open: a lower bound' if pd.isna(high) else _text(high)}] req/s"
 
@@ -420,7 +423,8 @@ def report(frame: pd.DataFrame) -> list[str]:
                   f"{_text(1000 * _number(row.get('c1_tpot_s_p95')), '{:.0f}')}")
         itl = (f"{_text(1000 * _number(row.get('itl_s_p95')), '{:.0f}')} / "
                f"{_text(1000 * _number(row.get('itl_s_p95_predicted')), '{:.0f}')}")
+        interval = _interval(row).replace(" req/s", "") if row["_status"] not in ("infeasible", "skipped") else ""
         lines.append(f"| {row['model']} | {row['stack']} | {row['_status']} | {_text(row.get('capacity_rps'))} "
-                     f"{_interval(row).replace(' req/s', '')} | {'n/a' if pd.isna(attained) else f'{attained:.0%}'} | "
+                     f"{interval} | {'n/a' if pd.isna(attained) else f'{attained:.0%}'} | "
                      f"{single} | {itl} | {_text(row.get('capacity_probes'), '{:.0f}')} | {_search_name(row)} |")
     return lines
