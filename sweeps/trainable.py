@@ -13,6 +13,7 @@ training does not hold (``sweeps.cpus``; tag ``cpu_affinity``). A worker that di
 from __future__ import annotations
 
 import logging
+import os
 
 import ray
 from ray import tune
@@ -60,7 +61,8 @@ def run_in_worker(params: dict) -> None:
                       sweep_id=params["sweep_id"],
                       memory_budget_bytes=params.get("memory_budget_bytes"),
                       price_per_hour_usd=params.get("price_per_hour_usd"),
-                      time_limit_s=params.get("time_limit_s"))
+                      time_limit_s=params.get("time_limit_s"),
+                      sweep_pids=(os.getppid(),))     # the raylet: its workers run the sweep's other trials
     try:
         result = run_trial(config, runtime)
     except Exception as exc:  # recorded as a FAILED run; the sweep goes on

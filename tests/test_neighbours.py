@@ -59,6 +59,24 @@ def test_a_process_outside_the_tree_is_outside():
 
 
 @needs_proc_stat
+def test_the_sweeps_own_processes_are_not_a_neighbour():
+    """In a sweep, the node's Ray raylet is a root too (``outside_trial``): the trials it runs beside
+    this one are the sweep's plan, not a neighbour. A burner named as such a root counts as the sweep's."""
+    from trials.measurement.neighbours import outside_trial
+
+    starter = subprocess.Popen([sys.executable, "-c", OUTSIDE_BURNER], stdout=subprocess.PIPE, text=True)
+    burner = int(starter.stdout.readline())
+    starter.wait(timeout=10)
+    starter.stdout.close()
+    try:
+        with outside_trial(sweep_pids=(burner,)) as outside:
+            time.sleep(1.5)
+    finally:
+        os.kill(burner, signal.SIGKILL)
+    assert outside.tree_cpu_cores > 0.3 and outside.pids == (os.getpid(), burner)
+
+
+@needs_proc_stat
 def test_the_trees_own_work_is_not_outside():
     """A child alive at enter (its CPU until then is not the window's), reaped inside the window, and
     this process's own loop: the tree's CPU seconds are theirs, counted once."""

@@ -412,6 +412,7 @@ class Runtime:
     memory_budget_bytes: int | None = None   # emulate a device this size (trials.techniques.batching.runner): oom above it
     price_per_hour_usd: float | None = None  # the machine's price: each run logs $/1M output tokens (trials.measurement.cost)
     time_limit_s: float | None = None        # what the sweep's budget gives this trial (a capacity search stops short)
+    sweep_pids: tuple[int, ...] = ()         # the sweep's own processes here (its raylet): not a noisy neighbour
 
 
 # Sizes, for ``Runtime.memory_budget_bytes`` (``--memory-budget``) and messages.

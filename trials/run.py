@@ -28,7 +28,7 @@ from trials.config import Runtime, Stack, TrialConfig, Workload, human_bytes, pa
 from trials.errors import ConfigError, one_line_errors, positive_int
 from trials.loop import OOM, TrialResult, failed_result, free_memory, is_out_of_memory
 from trials.measurement.cost import usd_per_million_tokens
-from trials.measurement.neighbours import OutsideCpu
+from trials.measurement.neighbours import outside_trial
 from trials.redaction import one_line
 
 
@@ -44,7 +44,7 @@ def run_trial(config: TrialConfig, runtime: Runtime = Runtime()) -> TrialResult:
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     started = time.perf_counter()
-    with OutsideCpu() as outside:        # this process and its children (a server): the rest is a neighbour
+    with outside_trial(runtime.sweep_pids) as outside:    # its tree (a server) and the sweep's: the rest is a neighbour
         try:
             result = groups.get(config.group).run(config, runtime)
             if result.status == "FINISHED":

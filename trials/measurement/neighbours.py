@@ -6,7 +6,9 @@ neighbours). So every trial, and every capacity probe, records ``outside_cpu_cor
 
     (busy CPU time of the CPUs the trial may run on - CPU time of the trial's process tree) / wall s
 
-floored at 0, over the ``with OutsideCpu(...)`` block. Busy is /proc/stat's user + nice + system +
+floored at 0, over the ``with OutsideCpu(...)`` block. In a sweep the trial's tree includes the sweep's
+own processes on its node (``outside_trial``: the Ray raylet, whose workers run the other trials the
+sweep scheduled beside it by plan), so what is counted is CPU taken by processes the sweep did not start. Busy is /proc/stat's user + nice + system +
 irq + softirq + steal (guest is already inside user; idle and iowait are not busy). The CPUs are the
 trial's affinity (a trial pinned away from the zoo's cores is not disturbed by the zoo's training);
 steal (a hypervisor's other guests) and interrupt time (no process owns it) count as outside. Where
@@ -138,6 +140,13 @@ def _reaped_s(process: psutil.Process) -> float | None:
     except psutil.Error:
         return None
     return times.children_user + times.children_system
+
+
+def outside_trial(sweep_pids=()) -> OutsideCpu:
+    """The window of one trial (or probe) in this process: its tree and the trees of ``sweep_pids``
+    (the sweep's own processes on this node, e.g. its Ray raylet, whose workers run the other trials
+    the sweep schedules here: their CPU is the sweep's plan, not a neighbour's), on this process's CPUs."""
+    return OutsideCpu(pids=(os.getpid(), *sweep_pids), cpus=_affinity((os.getpid(),)))
 
 
 def _affinity(pids) -> frozenset[int] | None:

@@ -34,7 +34,7 @@ from trials.config import Runtime, TrialConfig
 from trials.loop import TrialResult, model_tags
 from trials.measurement.environment import environment_tags
 from trials.measurement.load import STOPPED, poisson_arrivals, run_point
-from trials.measurement.neighbours import NOISY_CORES, OutsideCpu
+from trials.measurement.neighbours import NOISY_CORES, outside_trial
 from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
 from trials.stats.capacity import Capacity, Probe, attainment_interval, find_capacity
 from trials.stats.serving import Slo, meets, summarize
@@ -118,8 +118,9 @@ class Decided:
 class Search:
     """The probes of one trial: each a Poisson point at one rate, run again once when disturbed."""
 
-    def __init__(self, config: TrialConfig, points: Points, curve, prompt: float):
+    def __init__(self, config: TrialConfig, points: Points, curve, prompt: float, sweep_pids=()):
         self.config, self.points, self.curve, self.prompt = config, points, curve, prompt
+        self.sweep_pids = sweep_pids
         self.metrics: dict[str, float] = {}
         self.summaries: dict[float, dict] = {}
 
@@ -130,7 +131,7 @@ class Search:
         for attempt in (1, 2):
             arrivals = poisson_arrivals(rate, load.warmup + load.requests, seed=self.config.seed + 100 * index + attempt)
             stop = Decided(self.points.slo, load, arrivals)
-            with OutsideCpu() as outside:
+            with outside_trial(self.sweep_pids) as outside:
                 summary, met = self.points.run(f"{name}_" if attempt == 1 else f"{name}r_", arrivals=arrivals,
                                                count=load.warmup + load.requests, warmup=load.warmup, offset=index,
                                                stop=stop)
@@ -213,7 +214,7 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
                 overhead = max(0.0, single["itl_s_p50"] - curve.seconds(1))
                 metrics["server_step_overhead_s"] = overhead
                 curve = curve.with_overhead(overhead)
-            search = Search(config, points, curve, prompt)
+            search = Search(config, points, curve, prompt, runtime.sweep_pids)
             share, _, _ = attainment_interval(met, seed=config.seed)
             if share < load.attainment:
                 capacity = Capacity("infeasible", 0.0, 0.0, math.nan, [], _single_stream_note(single, slo))
