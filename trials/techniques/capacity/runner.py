@@ -121,13 +121,14 @@ class Search:
     def __init__(self, config: TrialConfig, points: Points, curve, prompt: float, sweep_pids=()):
         self.config, self.points, self.curve, self.prompt = config, points, curve, prompt
         self.sweep_pids = sweep_pids
+        self.probes = 0
         self.metrics: dict[str, float] = {}
         self.summaries: dict[float, dict] = {}
 
     def probe(self, rate: float) -> Probe:
         load = self.config.load
-        index = sum(1 for p, _, _ in self.points.points if p.startswith("p")) + 1
-        name = f"p{index}"
+        self.probes += 1
+        index, name = self.probes, f"p{self.probes}"
         for attempt in (1, 2):
             arrivals = poisson_arrivals(rate, load.warmup + load.requests, seed=self.config.seed + 100 * index + attempt)
             stop = Decided(self.points.slo, load, arrivals)
