@@ -29,6 +29,7 @@ from trials.config import TrialConfig
 from trials.engines import server_process
 
 log = logging.getLogger("sweeps")
+CLEANUP_GRACE_S = 60          # a stopped build's own cleanup (its scratch folder) before SIGKILL
 NICENESS = 10                 # the trials' timed passes come first when the cores are contended
 
 
@@ -143,10 +144,12 @@ class SetupBeside:
 
     def stop(self) -> None:
         """End every command still running: SIGINT to its process group (a build then stops its
-        compilers' own group and removes its scratch folder), SIGKILL after ``STOP_TIMEOUT_S``."""
+        compilers' own group and removes its scratch folder), SIGKILL after ``CLEANUP_GRACE_S`` (removing a
+        source tree and its objects on a loaded machine can take longer than a server's stop)."""
         for command, process, _ in self.jobs:
             if process.poll() is None:
                 try:
-                    server_process.stop(f"`python -m {' '.join(command)}`", process, first=signal.SIGINT)
+                    server_process.stop(f"`python -m {' '.join(command)}`", process, first=signal.SIGINT,
+                                        grace_s=CLEANUP_GRACE_S)
                 except server_process.ServerError as exc:
                     log.warning("%s", exc)

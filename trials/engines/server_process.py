@@ -117,14 +117,15 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def stop(name: str, process: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
+def stop(name: str, process: subprocess.Popen, first: signal.Signals = signal.SIGTERM,
+         grace_s: float = STOP_TIMEOUT_S) -> None:
     """``first`` (SIGTERM; SIGINT for a Python child that cleans up on KeyboardInterrupt) to the server's
-    process group, SIGKILL after ``STOP_TIMEOUT_S``, until no process of the group is left (``ServerError``
+    process group, SIGKILL after ``grace_s``, until no process of the group is left (``ServerError``
     if one still is after SIGKILL)."""
     for sent in (first, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sent)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
+        deadline = time.monotonic() + (grace_s if sent == first else STOP_TIMEOUT_S)
         while time.monotonic() < deadline:
             process.poll()                        # reap the server itself
             if process.returncode is not None and not group_alive(process.pid):
