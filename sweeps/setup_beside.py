@@ -30,6 +30,13 @@ from trials.engines import server_process
 
 log = logging.getLogger("sweeps")
 CLEANUP_GRACE_S = 60          # a stopped build's own cleanup (its scratch folder) before SIGKILL
+
+
+def interruptible() -> None:
+    """In the child, before exec: SIGINT back to its default. A sweep started in the background (``&``
+    without job control, ``nohup``) ignores SIGINT, and an ignored signal is inherited: the build would
+    then ignore the SIGINT ``stop`` sends, run on, and be killed with its scratch folder left."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 NICENESS = 10                 # the trials' timed passes come first when the cores are contended
 
 
@@ -63,7 +70,8 @@ class SetupBeside:
             path = Path(name)
             with path.open("w") as out:
                 process = subprocess.Popen([sys.executable, "-m", *command], stdin=subprocess.DEVNULL, stdout=out,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+                                           stderr=subprocess.STDOUT, start_new_session=True,
+                                           preexec_fn=interruptible)
             os.setpriority(os.PRIO_PROCESS, process.pid, NICENESS)     # what it starts inherits it
             self.jobs.append((command, process, path))
             log.info("started `python -m %s` beside the trials (nice %d; a trial that needs it waits for it; "
