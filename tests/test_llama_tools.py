@@ -97,7 +97,7 @@ def test_a_caller_that_never_builds_waits_for_a_build_under_way(built, tmp_path,
         except Exception as exc:  # noqa: BLE001 - said by the assertion below
             answer["error"] = exc
 
-    with tools._locked(tmp_path / f".{built.name}.lock"):          # a build under way
+    with tools.locked(tmp_path / f".{built.name}.lock"):          # a build under way
         waiter = threading.Thread(target=check)
         waiter.start()
         waiter.join(1.5)

@@ -30,7 +30,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest
+from dashboard.sections.common import (PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest,
+                                       prefixed)
 from trials.techniques.capacity.spec import SPEC
 
 GROUP = SPEC.name
@@ -183,11 +184,7 @@ def probes(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, probe): the run's columns and the probe's ``p{i}_*`` metrics without their prefix."""
     out = []
     for run in rows.to_dict("records"):
-        by_probe: dict[int, dict] = {}
-        for column, value in run.items():
-            match = PROBE.match(str(column))
-            if match and value is not None and not (isinstance(value, float) and pd.isna(value)):
-                by_probe.setdefault(int(match["index"]), {})[match["name"]] = value
+        by_probe = {int(index): values for index, values in prefixed(run, PROBE, "index").items()}
         for index, values in sorted(by_probe.items()):
             if "offered_rps" in values and "slo_attainment" in values:
                 out.append({**run, **{f"probe_{k}": v for k, v in values.items()}, "probe": index})

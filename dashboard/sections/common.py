@@ -54,6 +54,17 @@ class TextBeside:
     folds: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
 
+def prefixed(run: dict, pattern, key: str) -> dict:
+    """A run's metrics that ``pattern`` names ``<prefix>_<name>`` (a load point's ``r2_``, a probe's
+    ``p3_``), by its ``key`` group, each without its prefix; missing values left out."""
+    out: dict = {}
+    for column, value in run.items():
+        match = pattern.match(str(column))
+        if match and value is not None and not (isinstance(value, float) and pd.isna(value)):
+            out.setdefault(match[key], {})[match["name"]] = value
+    return out
+
+
 def has(frame: pd.DataFrame, *columns: str) -> bool:
     """The frame has rows and every named column."""
     return not frame.empty and all(c in frame.columns for c in columns)

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest
+from dashboard.sections.common import PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest, prefixed
 
 GROUP = "serving"
 TITLE = "Serving under load — requests per second within a latency SLO"
@@ -48,12 +48,7 @@ def points(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, point): the run's columns and the point's metrics without their prefix."""
     out = []
     for run in rows.to_dict("records"):
-        by_point: dict[str, dict] = {}
-        for column, value in run.items():
-            match = POINT.match(str(column))
-            if match and value is not None and not (isinstance(value, float) and pd.isna(value)):
-                by_point.setdefault(match["prefix"], {})[match["name"]] = value
-        for prefix, values in by_point.items():
+        for prefix, values in prefixed(run, POINT, "prefix").items():
             kind = "rate" if prefix.startswith("r") else "concurrency"
             level = float(prefix[1:]) if kind == "concurrency" else float(values.get("offered_rps", float("nan")))
             out.append({**run, **values, "point": prefix, "kind": kind, "level": level})

@@ -221,14 +221,14 @@ def tools_dir(build: bool = True) -> pathlib.Path:
     lock = folder.parent / f".{folder.name}.lock"
     problem = damage(folder)
     if problem is not None and not build and lock.exists():
-        with _locked(lock):                  # a build under way (a sweep's, beside its first trials): wait for it
+        with locked(lock):                  # a build under way (a sweep's, beside its first trials): wait for it
             problem = damage(folder)
     if problem is not None:
         if not build:
             raise ConfigError(f"llama.cpp's tools in {folder}: {problem}; build them with: "
                               "python -m trials.engines.llama_cpp.tools build")
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(lock):
+        with locked(lock):
             problem = damage(folder)         # another process may have built them meanwhile
             if problem is not None:
                 if problem != "not built":
@@ -245,7 +245,8 @@ def server_binary() -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def _locked(path: pathlib.Path):
+def locked(path: pathlib.Path):
+    """An exclusive ``flock`` on ``path`` for the block (one build, or one measurement, at a time)."""
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

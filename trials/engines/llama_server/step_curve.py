@@ -16,8 +16,6 @@ A curve measured while something else took the cores (its fit or its repeats str
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -129,16 +127,6 @@ def noise(curve: StepCurve, record: dict) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _locked(path: pathlib.Path):
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def step_curve(gguf_path: str | os.PathLike, cache_type: str = "f16", threads: int = 1,
                folder: pathlib.Path | None = None, timeout_s: float = 600) -> tuple[StepCurve, dict]:
     """The step curve of ``gguf_path`` with a ``cache_type`` KV cache on ``threads`` threads: read
@@ -149,7 +137,7 @@ def step_curve(gguf_path: str | os.PathLike, cache_type: str = "f16", threads: i
     key = curve_key(gguf_path, cache_type, threads, folder.name)
     path = cache_file(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.with_name(f".{path.name}.lock")):
+    with tools.locked(path.with_name(f".{path.name}.lock")):
         curve, found = _read(path, key)
         if curve is not None:
             return curve, {**found, "cached": True, "file": str(path)}
