@@ -6,7 +6,9 @@ that is tens to hundreds of points. Optuna's TPE (through Ray Tune's ``OptunaSea
 each measured point which knobs matter; the SLO enters twice: as a graded objective (``slo_margin``:
 the capacity when > 0, else how far the single stream misses) and as constraints (each single-stream
 p95 over its limit, minus one; feasible when <= 0), so TPE ranks an infeasible point by how far it
-misses instead of lumping it with the rest. ``--search grid`` keeps the exhaustive walk.
+misses instead of lumping it with the rest. The first proposal is each knob's first choice (the
+profile lists the server's defaults first), unless the store has measured it: a reference for every
+later point. ``--search grid`` keeps the exhaustive walk.
 
 Ray's ``OptunaSearch`` only calls ``study.tell``; Optuna >= 5 reads constraints from
 ``Trial.set_constraint`` (its ``constraints_func`` argument is deprecated), so ``_ConstrainedOptuna``
@@ -155,6 +157,9 @@ class CapacitySearcher(Searcher):
             self._asked = 0
         for point, reward, ratios in zip(*(warm or ([], [], []))):
             self._add_warm(point, reward, ratios)
+        first = {name: choices[0] for name, choices in self.knobs.items()}
+        if self._optuna is not None and _key(first) not in self._known:
+            self._optuna.enqueue(self._params(first))    # the defaults first: a reference for the rest
 
     # Tune's side -----------------------------------------------------------------------------------
 

@@ -101,6 +101,14 @@ def test_the_search_is_deterministic_under_its_seed():
     assert keys(r["knobs"] for r in first) == keys(r["knobs"] for r in again)
 
 
+def test_the_first_proposal_is_every_knobs_first_choice_unless_the_store_has_it():
+    first = {name: choices[0] for name, choices in KNOBS.items()}
+    assert drive(CapacitySearcher(KNOBS, make_trial, max_trials=1, seed=3))[0]["knobs"] == first
+    warm = warm_start(capacity_frame([first]), "m", SLO, KNOBS)
+    proposed = drive(CapacitySearcher(KNOBS, make_trial, max_trials=3, seed=3, warm=warm))
+    assert first not in [r["knobs"] for r in proposed]
+
+
 def test_a_fixed_knob_stays_fixed_and_a_small_space_ends_when_every_point_is_known():
     knobs = {**KNOBS, "precision": ["q4_0"], "kv_bits": [8], "threads": [2]}    # 3 x 4 = 12 points
     found = drive(CapacitySearcher(knobs, make_trial, max_trials=50, seed=1))

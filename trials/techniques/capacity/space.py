@@ -49,7 +49,7 @@ def knobs(engine, entry, settings: dict, device: str) -> dict[str, list]:
     cores = os.cpu_count() or 1
     threads = [t for t in dict.fromkeys(settings.get("threads") or [0]) if t <= cores] or [0]
     return {"precision": weights, "kv_bits": list(dict.fromkeys(caches)) or [16],
-            "slots": sorted(set(settings["parallel"])), "step_tokens": list(dict.fromkeys(settings["step_tokens"])),
+            "slots": list(dict.fromkeys(settings["parallel"])), "step_tokens": list(dict.fromkeys(settings["step_tokens"])),
             "threads": threads}
 
 
