@@ -266,3 +266,16 @@ def test_a_warm_budgeted_search_through_ray_tune(local_ray, tmp_path):
     assert keys(knobs) == keys(p.knobs for p in searcher.trace)
     assert not set(keys(knobs)) & set(keys(measured))
     assert all(isinstance(p, Proposal) and p.state == "complete" for p in searcher.trace)
+
+
+def test_the_replay_over_a_measured_grid_reaches_its_best_within_a_third_of_it():
+    """benchmarks/search_vs_grid.py --replay: the search answered by a grid store's measurements."""
+    from benchmarks.search_vs_grid import replay
+
+    frame = capacity_frame(GRID)
+    frame["search_index"], frame["stack"] = range(1, len(GRID) + 1), [repr(k) for k in GRID]
+    frame["capacity_rps_low"] = frame["capacity_rps"] * 0.95
+    (row,) = replay(frame, seeds=3)
+    assert row["grid_points"] == len(GRID) and row["grid_best_rps"] == frame["capacity_rps"].max()
+    assert len(row["trials_to_reach"]) == 3 and all(row["trials_to_reach"])
+    assert row["median_to_reach"] <= len(GRID) // 3
