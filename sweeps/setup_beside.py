@@ -1,7 +1,7 @@
 """Build what the planned engines need on this machine beside the first trials, not before them.
 
 An engine may need something built here before its trials can run in full (``Engine.machine_setup``:
-llama.cpp's ``llama-bench`` and ``llama-server``, 2-4 min of compiling on 2 cores). Built before the
+llama.cpp's ``llama-bench`` and ``llama-server``, minutes of compiling). Built before the
 sweep, that delays every first result; so a local sweep starts each such command in a child process
 of its own (its own session, ``nice`` 10, output to a log file) as its trials start (after its step
 costs are calibrated, so that a build never inflates them), and the trials that use it wait for it

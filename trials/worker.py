@@ -4,7 +4,9 @@ Ray Tune reuses its worker processes (actors) for many trials, so loading a mode
 group's reference run or the memory bandwidth once per worker saves minutes. Everything kept lives in
 ``WORKER`` (one ``WorkerState`` per process): it is born empty when the process starts, lives as long
 as the process, and is dropped by ``WORKER.reset()`` (tests; a sweep's workers are fresh processes).
-Nothing else in ``trials`` keeps state at module level.
+Besides it, ``trials`` keeps only memoized pure lookups at module level (``functools`` caches of
+discovered engines and groups, the catalogue, tokenized prompts, the corpus, the CPU's facts): each
+a function of its arguments and the installed code, never of a trial.
 
 A reused measurement is never silent: ``WorkerMemo.get`` says where a value came from, and each group
 writes that into a ``*_source`` tag of the trial that reused it (``"this trial"`` or ``"reused:

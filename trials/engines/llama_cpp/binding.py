@@ -7,7 +7,7 @@ import logging
 
 from trials.errors import ConfigError
 
-INSTALL = "pip install llama-cpp-python==0.3.36 (make setup installs it; it compiles llama.cpp, ~4-8 min once)"
+INSTALL = "pip install llama-cpp-python==0.3.36 (make setup installs it; it compiles llama.cpp once, for minutes)"
 
 
 def require_llama_cpp():

@@ -67,7 +67,7 @@ INSTRUCTION_SETS = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx
 PORTABLE_DEFAULTS = ("GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_BMI2", "GGML_FMA", "GGML_F16C")
 BUILD_TIMEOUT_S = 3 * 3600
 SAFE_EXTRACT = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}   # Python 3.10.12+, 3.11.4+
-BUILD_NOTE = "~2 min on 2 cores, once per binding install"
+BUILD_NOTE = "a few minutes of compiling, once per binding install"
 
 
 class ToolError(RuntimeError):

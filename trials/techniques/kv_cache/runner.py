@@ -36,7 +36,7 @@ measured once per model and workload and reused; the tag ``reference_source`` sa
   ``perplexity`` beside ``reference_perplexity``, with ``perplexity_delta`` = their difference.
 
 Bad input fails before anything is generated, with one line: a bit width a backend cannot pack is a
-``ConfigError`` at config time (``trials.config.KV_BACKEND_BITS``); a backend package missing on
+``ConfigError`` at config time (``trials.config.Stack``, from each engine's ``kv_caches``); a backend package missing on
 this worker, an architecture the footprint calculator cannot model, layers QuantizedCache refuses
 (sliding windows, MLA) or a group size that does not divide a token's K or V row are ``ConfigError``s
 in the trial, which the sweep records as a FAILED run with that reason.
