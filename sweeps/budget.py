@@ -352,11 +352,14 @@ def pairs_needed(configs: list[TrialConfig]) -> set[tuple[ModelEntry, str]]:
 
 # ------------------------------------------------------------------------------ estimate
 
-def _prompts(config: TrialConfig) -> tuple[int, float]:
-    """Number of prompts and their mean length in tokens (a chars/4 estimate unless set exactly)."""
+def _prompts(config: TrialConfig) -> tuple[int, float, float]:
+    """Number of prompts, their mean and their longest length in tokens (a chars/4 estimate unless
+    set exactly)."""
     prompts = workload_prompts(config.workload.prompt_set, config.workload.prompts_per_type)
-    tokens = config.workload.context_tokens or statistics.mean(len(p.text) for p in prompts) / 4
-    return len(prompts), tokens
+    if config.workload.context_tokens:
+        return len(prompts), config.workload.context_tokens, config.workload.context_tokens
+    lengths = [len(p.text) / 4 for p in prompts]
+    return len(prompts), statistics.mean(lengths), max(lengths)
 
 
 def _generate_s(cost: StepCost, prompts: int, prompt_tokens: float, new_tokens: int, repeats: int,
@@ -376,7 +379,7 @@ class Estimate:
     def __init__(self, config: TrialConfig, costs: dict[tuple[str, str], StepCost], cost: StepCost,
                  references: set):
         self.config, self.costs, self.cost, self.references = config, costs, cost, references
-        self.prompts, self.prompt_tokens = _prompts(config)
+        self.prompts, self.prompt_tokens, self.longest_prompt_tokens = _prompts(config)
         w, s = config.workload, config.stack
         self.plain = self.generate_s(cost, w.max_new_tokens, config.repeats, s.batch_size)
 

@@ -18,7 +18,11 @@ from trials.techniques.spec import ProfileKey, Technique
 NAME = "capacity"
 MIN_REQUESTS = 20            # a probe's requests after warm-up: fewer and a 90 % share is 1 miss in 10
 MIN_NEW_TOKENS = 32
-PROBES = 5                   # a typical search: the single-stream start, a doubling, three bisections
+# The budget's guess of where a capacity lies, as a share of the single-stream rate: the 2-core CPU
+# runs measured 0.35-0.42 of it at 500 ms / 50 ms (TTFT-bound: prompts queue behind each other's
+# prefill). The estimate walks the search to it; the search itself decides.
+TYPICAL_CAPACITY = 0.4
+STOPPED_SHARE = 0.5          # a probe that misses stops once it cannot pass: about half its requests
 
 
 KNOBS = ("step_tokens", "threads")     # what a server engine must take (``Engine.server_knobs``) to be searched here
@@ -42,26 +46,36 @@ def start_rps(single_rps: float, slots: int) -> float:
     return single_rps if slots > 1 else single_rps / 2
 
 
-def probe_rates(single_rps: float, slots: int) -> list[float]:
-    """The rates a typical search probes (the budget's estimate; the search itself decides): its
-    start, a doubling that misses, then bisections between the two."""
-    start = start_rps(single_rps, slots)
-    return [start * m for m in (1.0, 2.0, 1.41, 1.19, 1.09)][:PROBES]
+def probe_rates(single_rps: float, slots: int) -> list[tuple[float, bool]]:
+    """The rates a typical search probes, each with whether it passes (the budget's estimate): the
+    search's own walk (``find_capacity``) to a capacity of ``TYPICAL_CAPACITY`` x the single-stream
+    rate."""
+    from trials.stats.capacity import Probe, find_capacity
+
+    bar = TYPICAL_CAPACITY * single_rps
+    found = find_capacity(lambda rate: Probe(rate, float(rate <= bar), 0.0, 1.0, rate <= bar),
+                          start_rps(single_rps, slots))
+    return [(p.rate, p.passed) for p in found.probes]
 
 
 def cost(config, estimate) -> float:
-    """The server's start, the warm-up and single-stream point one request at a time, then
-    ``PROBES`` open-loop probes of ``warmup + requests`` Poisson arrivals each, at the rates a
-    typical search takes (from the engine's step cost: the single-stream rate is one request's time,
-    a probe lasts its arrival span or, past what the slots sustain, the time they take), plus the
-    last request's own time per probe."""
+    """The server's start, the warm-up and single-stream point one request at a time, then the
+    open-loop probes of ``warmup + requests`` Poisson arrivals each at the rates a typical search
+    takes (``probe_rates``; from the engine's step cost: the single-stream rate is one request's
+    time, a probe lasts its arrival span or, past what the slots sustain, the time they take; one
+    that misses stops about half way), plus the last request's own time per probe. A configuration
+    whose single stream will miss the TTFT limit (its longest prompt's prefill at the calibrated step
+    cost: within ~25 % of the measured p95 here) ends after the single stream."""
     load, slots, step = config.load, config.stack.batch_size, estimate.cost
     request_s = estimate.prompt_tokens * step.prefill_token_s + config.workload.max_new_tokens * step.decode_s
     count = load.warmup + load.requests
     served_s = count * request_s / batched_speedup(step, slots)
     single = count * request_s
-    probes = sum(max(count / rate, served_s) + request_s for rate in probe_rates(1 / request_s, slots))
-    return engines.get(config.stack.engine).start_s + single + probes
+    start = engines.get(config.stack.engine).start_s + single
+    if estimate.longest_prompt_tokens * step.prefill_token_s > load.ttft_slo_s:
+        return start
+    return start + sum(max(count / rate, served_s) * (1 if passed else STOPPED_SHARE) + request_s
+                       for rate, passed in probe_rates(1 / request_s, slots))
 
 
 def shrink(config, workload, prompts_divisor: int):
