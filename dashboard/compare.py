@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboard.sections.common import TEMPLATE
+from trials.stats.runs import latest
 
 BY = {"sweep": "tags.sweep_id", "git sha": "tags.env.git_sha", "machine": "tags.env.host"}
 METRICS = {"tok_per_s": ("throughput", "tok/s", True), "peak_memory_bytes": ("peak memory", "bytes", False),
@@ -48,7 +49,7 @@ def _side(frame: pd.DataFrame, by: str, value: str) -> pd.DataFrame:
     if frame.empty or column not in frame.columns or "tags.config_hash" not in frame.columns:
         return pd.DataFrame()
     mine = frame[frame[column].astype(str) == str(value)]
-    return mine.sort_values("start_time").drop_duplicates("tags.config_hash", keep="last").set_index("tags.config_hash")
+    return latest(mine, "tags.config_hash").set_index("tags.config_hash")
 
 
 def _interval(rows: pd.DataFrame, metric: str) -> tuple[pd.Series, pd.Series]:

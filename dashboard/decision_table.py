@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from dashboard.decision import Decision, Limits, _num, cost, engine, latency, quality, reproduce, seconds
+from dashboard.decision import Decision
+from dashboard.limits import Limits, seconds
+from dashboard.stack_facts import cost, engine, latency, num, quality, reproduce
 from dashboard.served import ServedDecision, why_others
 from trials.measurement.cost import usd_per_million_tokens
 
@@ -72,9 +74,9 @@ def _number(value: float) -> str:
 
 
 def _speed(row: pd.Series) -> str:
-    low, high = _num(row, "tok_per_s_ci_low"), _num(row, "tok_per_s_ci_high")
+    low, high = num(row, "tok_per_s_ci_low"), num(row, "tok_per_s_ci_high")
     interval = "1 repeat" if math.isnan(low) else f"{_number(low)}-{_number(high)}"
-    return f"{_number(_num(row, 'tok_per_s'))} ({interval})"
+    return f"{_number(num(row, 'tok_per_s'))} ({interval})"
 
 
 def _quality(row: pd.Series, rows: pd.DataFrame) -> str:
@@ -102,7 +104,7 @@ def _dollars(value: float) -> str:
 
 def _stack_line(row: pd.Series, decision: Decision, picks: list[str]) -> Line:
     command, code = reproduce(row)
-    return Line(picks, str(row["name"]), engine(row), _speed(row), f"{_num(row, 'peak_mb'):.1f}",
+    return Line(picks, str(row["name"]), engine(row), _speed(row), f"{num(row, 'peak_mb'):.1f}",
                 _quality(row, decision.rows), _latency(row), _dollars(cost(row, decision.limits)), code, command)
 
 
@@ -147,8 +149,8 @@ def _served_line(served: ServedDecision, limits: Limits) -> tuple[Line | None, s
     else:
         return None, f"served: none within {slo} and the quality budget: {served.why}"
     row, q = chosen.row, chosen.quality
-    weights, kv = _num(row, "weights_bytes"), _num(row, "kv_cache_allocated_bytes")
-    price = limits.price_per_hour_usd or _num(row, "price_per_hour_usd")
+    weights, kv = num(row, "weights_bytes"), num(row, "kv_cache_allocated_bytes")
+    price = limits.price_per_hour_usd or num(row, "price_per_hour_usd")
     tok = point.get("output_tok_per_s", math.nan)
     line = Line([label], chosen.stack, str(row.get("engine") or ""),
                 f"{tok:.1f} (at {point['achieved_rps']:.2f} req/s)",

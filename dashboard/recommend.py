@@ -34,8 +34,9 @@ import tracking
 from dashboard import capacity, served
 from dashboard.decision_table import glance
 from dashboard.decision_table import render as render_table
-from dashboard.decision import (DEFAULT_LIMITS, OBJECTIVES, ROLES, Decision, Limits, as_dict, decide, facts,
-                                parse_latency, parse_nonnegative, parse_percent, parse_share, reproduce)
+from dashboard.decision import OBJECTIVES, ROLES, Decision, as_dict, decide, facts
+from dashboard.limits import DEFAULT_LIMITS, Limits, parse_latency, parse_nonnegative, parse_percent, parse_share
+from dashboard.stack_facts import reproduce
 from trials.errors import ConfigError, argument_type, one_line_errors
 from trials.measurement.cost import parse_price_per_hour
 from trials.redaction import one_line, redact
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("--objective cost needs a price: give --price-per-hour (US dollars per hour of this machine)")
     finished = frame[frame["status"] == "FINISHED"] if "status" in frame else frame
     serving, in_process = served.read(uri)
-    served_models = sorted(served.latest(serving)["model"].dropna().unique()) if not serving.empty else []
+    served_models = sorted(served.latest_served(serving)["model"].dropna().unique()) if not serving.empty else []
     has_stacks = not finished.empty and "tags.stack_name" in finished
     capacity_models = capacity.models(capacity_runs)
     if not has_stacks and not served_models and not capacity_models:

@@ -15,17 +15,18 @@ logged.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import pandas as pd
 
-from dashboard.decision import Limits, Quality, _misses_quality, _num, seconds
+from dashboard.limits import Limits, seconds
+from dashboard.stack_facts import Quality, misses_quality, num
 from trials import engines
+from trials.measurement import point_names
+from trials.stats import runs
 from trials.measurement.cost import usd_per_million_tokens
 from trials.stats.serving import Slo, keeps_up, saturation_rps, sustainable
 
-POINT = re.compile(r"^r(?P<index>\d+)_(?P<name>.+)$")
 
 
 def groups_read() -> tuple[list[str], list[str]]:
@@ -95,12 +96,9 @@ def nearest(candidates: list[Served]) -> tuple[Served, dict, float] | None:
 
 def rate_points(row: pd.Series) -> list[dict]:
     """The run's Poisson points as the summaries the runner logged (``r<i>_<metric>``)."""
-    points: dict[str, dict] = {}
-    for column, value in row.items():
-        match = POINT.match(str(column))
-        if match and pd.notna(pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]):
-            points.setdefault(match["index"], {})[match["name"]] = float(value)
-    return [points[k] for k in sorted(points, key=int)]
+    return [{name: float(number) for name, value in values.items()
+             if pd.notna(number := pd.to_numeric(value, errors="coerce"))}
+            for values in point_names.split(row, point_names.RATE).values()]
 
 
 def _quality(row: pd.Series, in_process: pd.DataFrame) -> Quality:
@@ -111,30 +109,27 @@ def _quality(row: pd.Series, in_process: pd.DataFrame) -> Quality:
         return Quality(measured=False)
     same = in_process[(in_process["model"] == row["model"]) & in_process["engine"].isin(engine.builds_on)
                       & (in_process["precision"].astype(str) == str(row.get("precision")))
-                      & (pd.to_numeric(in_process["kv_bits"], errors="coerce") == _num(row, "kv_bits"))
+                      & (pd.to_numeric(in_process["kv_bits"], errors="coerce") == num(row, "kv_bits"))
                       & (in_process["speculation"].astype(str) == "none")]
     same = same[pd.to_numeric(same.get("kl_divergence"), errors="coerce").notna()] if "kl_divergence" in same else same.iloc[:0]
     if same.empty:
         return Quality(measured=False)
     scored = same.sort_values("start_time").iloc[-1] if "start_time" in same else same.iloc[-1]
-    return Quality(_num(scored, "kl_divergence"), _num(scored, "perplexity_ratio"),
+    return Quality(num(scored, "kl_divergence"), num(scored, "perplexity_ratio"),
                    f"the in-process {scored.get('engine')} run of the same GGUF and cache")
 
 
-def latest(frame: pd.DataFrame) -> pd.DataFrame:
+def latest_served(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return frame
-    if "status" in frame.columns:
-        frame = frame[frame["status"] == "FINISHED"]
     frame = frame[pd.to_numeric(frame.get("single_stream_rps"), errors="coerce").notna()] if "single_stream_rps" in frame else frame.iloc[:0]
-    return frame.sort_values("start_time").drop_duplicates(["model", "stack", "device"], keep="last") \
-        if "start_time" in frame else frame
+    return runs.latest(frame, ["model", "stack", "device"], finished=True)
 
 
 def decide_served(serving: pd.DataFrame, in_process: pd.DataFrame, limits: Limits,
                   models: list[str] | None = None) -> list[ServedDecision]:
     """Per model with serving runs: every served stack's sustainable point and the pick."""
-    rows = latest(serving)
+    rows = latest_served(serving)
     if rows.empty:
         return []
     out = []
@@ -144,10 +139,10 @@ def decide_served(serving: pd.DataFrame, in_process: pd.DataFrame, limits: Limit
             continue
         candidates = []
         for _, row in mine.iterrows():
-            slo = Slo(limits.max_ttft_s or _num(row, "ttft_slo_s"), limits.max_tpot_s or _num(row, "tpot_slo_s"))
+            slo = Slo(limits.max_ttft_s or num(row, "ttft_slo_s"), limits.max_tpot_s or num(row, "tpot_slo_s"))
             quality = _quality(row, in_process)
             candidates.append(Served(row, sustainable(rate_points(row), slo), slo, quality,
-                                     _misses_quality(quality, limits)))
+                                     misses_quality(quality, limits)))
         within = [c for c in candidates if c.point is not None and not c.misses]
         pick = max(within, key=lambda c: (c.rate_rps, c.point.get("goodput_rps", 0.0)), default=None)
         slo = candidates[0].slo if candidates else None
@@ -176,7 +171,7 @@ def describe(served: Served, limits: Limits) -> list[str]:
     lines = []
     if point is None:
         lines.append(f"no point within p95 TTFT <= {seconds(served.slo.ttft_s)} and TPOT <= {seconds(served.slo.tpot_s)}; "
-                     f"single stream {_num(row, 'single_stream_rps'):.2f} req/s")
+                     f"single stream {num(row, 'single_stream_rps'):.2f} req/s")
         return lines
     lines.append(f"sustains {served.rate_rps:.2f} req/s (offered {point['offered_rps']:.2f}, "
                  f"x{point.get('rate_multiple', math.nan):g} its single-stream rate); goodput "
@@ -188,8 +183,8 @@ def describe(served: Served, limits: Limits) -> list[str]:
                  f"{point.get('requests', math.nan):.0f} requests")
     q = served.quality
     lines.append(f"quality: KL {q.kl:.4f} ({q.source}); server vs in-process greedy tokens: "
-                 f"{_num(row, 'parity_token_match'):.3f} match" if q.measured else "quality: not measured")
-    price = limits.price_per_hour_usd or _num(row, "price_per_hour_usd")
+                 f"{num(row, 'parity_token_match'):.3f} match" if q.measured else "quality: not measured")
+    price = limits.price_per_hour_usd or num(row, "price_per_hour_usd")
     tok = point.get("output_tok_per_s", 0.0)
     if price and price == price and tok > 0:
         lines.append(f"${usd_per_million_tokens(price, tok):.3f} per 1M output tokens at ${price:g}/h at that rate")

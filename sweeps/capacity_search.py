@@ -44,6 +44,8 @@ import pandas as pd
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from trials.measurement.point_names import SINGLE
+
 log = logging.getLogger(__name__)
 
 METRIC = "slo_margin"                      # the graded objective, maximized (the capacity contract)
@@ -108,8 +110,8 @@ def warm_start(frame, model: str, slo, knobs: Mapping[str, list] | None = None
         if margin is None or point is None:
             continue
         ratios = {name: value for name, value in (
-            ("ttft_ratio", _ratio(row.get("c1_ttft_s_p95"), ttft_slo)),
-            ("tpot_ratio", _ratio(row.get("c1_tpot_s_p95"), tpot_slo))) if value is not None}
+            ("ttft_ratio", _ratio(row.get(SINGLE.metric("ttft_s_p95")), ttft_slo)),
+            ("tpot_ratio", _ratio(row.get(SINGLE.metric("tpot_s_p95")), tpot_slo))) if value is not None}
         latest[_key(point)] = (point, margin, ratios)
     points, rewards, constraints = (list(column) for column in zip(*latest.values())) if latest else ([], [], [])
     return points, rewards, constraints

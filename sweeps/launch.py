@@ -17,6 +17,7 @@ import time
 
 import tracking
 from sweeps.plan import chosen_profile
+from trials import engines, groups
 from trials.config import TrialConfig
 from trials.errors import ConfigError
 from trials.redaction import redact
@@ -24,8 +25,10 @@ from trials.redaction import redact
 log = logging.getLogger("sweeps")
 
 # Environment variables the trials need on every node: Ray's runtime_env hands them to the workers,
-# so that a secret never has to be written into cluster.yaml or onto a node's disk.
-FORWARDED_ENV = ("HF_TOKEN",)   # gated Hugging Face models (Llama)
+# so that a secret never has to be written into cluster.yaml or onto a node's disk: the token of gated
+# Hugging Face models (Llama), and the plug-ins the plan was made with (the engines and techniques a
+# worker must discover to run it; their modules must be importable on the nodes).
+FORWARDED_ENV = ("HF_TOKEN", engines.PLUGINS_ENV, groups.PLUGINS_ENV)
 
 
 def worker_env_vars() -> dict[str, str]:

@@ -573,6 +573,10 @@ DEEP_JSON = '{"group": ' + "[" * 100_000 + "]" * 100_000 + "}"
 ALIASES = "models:\n  - [&a0 [x, x, x, x, x, x, x, x, x], " + ", ".join(
     f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)) + "]\n"
 RAISES = "raise RuntimeError('the plug-in is broken')\n"
+HALF_ENGINE = ("from trials.engines.spec import Engine\n"          # a backend with load() only
+               "SPEC = Engine('half', 'half an engine', ('fp32',), {}, lambda stack: None, 'half_engine', "
+               "'half_engine', sixteen_bit=('fp32',))\n"
+               "def load(config):\n    return None, []\n")
 
 CASES += [
     # a store that is not what it should be: refused before MLflow opens it
@@ -675,6 +679,10 @@ CASES += [
     ("trial: an engine module that raises on import",
      lambda uri, tmp: _with_plugin(tmp, _trial, "LLM_SWEEPS_ENGINES", "raising_engine", RAISES),
      "$LLM_SWEEPS_ENGINES: cannot import 'raising_engine': RuntimeError"),
+    ("trial: an engine plug-in whose backend lacks the interface's functions",
+     lambda uri, tmp: _with_plugin(tmp, _trial, "LLM_SWEEPS_ENGINES", "half_engine", HALF_ENGINE),
+     "engine 'half' (half_engine): its backend half_engine lacks prepare, generate_batch, facts, trial_facts, "
+     "scorer, teacher_forced (trials.engines.spec.Backend)"),
     ("sweep: an engine named by a relative module path",
      lambda uri, tmp: _with_plugin(tmp, lambda: _sweep("--dry-run", "--tracking-uri", uri), "LLM_SWEEPS_ENGINES",
                                    ".engine"), "'.engine' is not a dotted module path"),
@@ -1082,7 +1090,7 @@ def test_a_store_being_created_beside_is_waited_for_not_refused(tmp_path, monkey
     import threading
     from contextlib import closing
 
-    from tracking import store as store_
+    from tracking import access as store_
 
     monkeypatch.setattr(store_, "SCHEMA_SETTLE_S", 2.0)
     path, uri = _tables_without_revision(tmp_path)
@@ -1106,7 +1114,7 @@ def test_a_reader_on_a_store_being_created_reads_nothing_and_writes_nothing(tmp_
     a test polling for the first run) holds no runs yet and leaves the file alone; MLflow would create
     the tables too, and the two creations at once failed the sweep (CI, 2026-12-06). Once the file has
     not moved for ``SCHEMA_SETTLE_S``, an unfinished schema is one line, not an empty store."""
-    from tracking import store as store_
+    from tracking import access as store_
 
     monkeypatch.setattr(store_, "SCHEMA_SETTLE_S", 1.0)
     path, uri = _tables_without_revision(tmp_path)

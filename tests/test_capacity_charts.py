@@ -243,7 +243,7 @@ SERVED = {GEMMA: [Stack(engine="llama_server", precision="q4_0"), Stack(engine="
 
 
 def _served_metrics(slots: int) -> dict[str, float]:
-    out = {"single_stream_rps": 1.0, "ttft_slo_s": 0.5, "tpot_slo_s": 0.05, "roofline_output_tok_per_s": 200.0,
+    out = {"single_stream_rps": 1.0, "ttft_slo_s": 0.5, "tpot_slo_s": 0.05, "roofline_tok_per_s": 200.0,
            "weights_bytes": 1e8, "decode_bytes_per_step": 1.2e8, "memory_bandwidth_bytes_per_s": 1e10,
            "parallel_slots": float(slots)}
     for i, rate in enumerate((0.5, 2.0), start=1):

@@ -16,7 +16,7 @@ import pytest
 
 import tracking
 from dashboard import capacity, recommend
-from dashboard.decision import Limits
+from dashboard.limits import Limits
 from trials.config import Load, Stack, TrialConfig, Workload
 from trials.loop import TrialResult
 from trials.stats.serving import Slo

@@ -18,7 +18,8 @@ import pytest
 
 import tracking
 from dashboard import recommend
-from dashboard.decision import ROLES, Limits, decide, parse_latency
+from dashboard.decision import ROLES, decide
+from dashboard.limits import Limits, parse_latency
 from trials.config import Stack, TrialConfig, Workload
 from trials.loop import TrialResult
 from trials.measurement.cost import usd_per_million_tokens
@@ -115,7 +116,7 @@ def test_a_price_gives_the_cheapest_stack_and_its_cost(decision_store):
     decision = _decision(decision_store, price_per_hour_usd=2.0)
     cheapest = decision.pick("cost")
     assert cheapest.row["name"] == "b4"
-    from dashboard.decision import cost
+    from dashboard.stack_facts import cost
     assert cost(cheapest.row, decision.limits) == pytest.approx(2.0 / (300 * 3600) * 1e6)
 
 

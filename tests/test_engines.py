@@ -217,3 +217,33 @@ def test_a_sweep_file_picks_the_engines(tmp_path):
     path.write_text("groups: [engines]\nprofile: {base: quick, engines: {engines: [vllm]}}\n")
     with pytest.raises((SchemaError, ConfigError), match="vllm"):
         load_sweep(path)
+
+
+def test_each_engine_owns_the_levels_it_is_compared_at_and_a_sweep_file_may_replace_them(tmp_path):
+    """The engines group's weights and caches come from each engine's spec (``Engine.levels``): the
+    built-in profiles name none of them; a sweep file's lists (any engine's names) replace them."""
+    import yaml
+
+    from sweeps.sizing import PROFILE_DIR
+    from sweeps.sweepfile import load_sweep
+    from trials import engines, groups
+
+    for path in PROFILE_DIR.glob("*.yaml"):
+        section = yaml.safe_load(path.read_text())["profile"]["engines"]
+        assert not {"weights", "caches"} & set(section), path.name
+    path = tmp_path / "mine.yaml"
+    path.write_text("groups: [engines]\nmodels: [smollm2-135m-instruct]\nprofile: {base: quick}\n")
+    sweep = load_sweep(path)
+    planned = groups.get("engines").plan(sweep.models, sweep.profile, "cpu")
+    for name, engine in engines.in_process().items():
+        mine = [c.stack for c in planned if c.stack.engine == name]
+        assert set(engine.levels_for("quick", "weights")) <= {s.precision for s in mine}, name
+        assert set(engine.levels_for("quick", "caches")) == {f"{s.kv_backend}{s.kv_bits}" for s in mine
+                                                             if s.kv_bits != 16}, name
+    path.write_text("groups: [engines]\nmodels: [smollm2-135m-instruct]\n"
+                    "profile: {base: quick, engines: {weights: [q4_0], caches: [ggml8]}}\n")
+    sweep = load_sweep(path)
+    planned = groups.get("engines").plan(sweep.models, sweep.profile, "cpu")
+    on_llama = {(c.stack.precision, c.stack.kv_bits) for c in planned if c.stack.engine == "llama_cpp"}
+    assert ("q4_0", 16) in on_llama and ("q8_0", 16) not in on_llama and (on_llama & {(p, 8) for p, _ in on_llama})
+    assert not any(c.stack.kv_bits == 4 for c in planned)

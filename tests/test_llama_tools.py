@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from trials.engines.llama_cpp import tools
+from trials.engines.llama_cpp import bench, build_flags, tools
 from trials.errors import ConfigError
 from trials.models import pypi
 
@@ -46,9 +46,9 @@ def test_the_card_matches_the_binaries_and_the_binding(built):
     card = tools.read_card(built)
     assert tools.damage(built) is None
     assert card["llama_cpp_python"] == tools.binding_version()
-    assert card["flags"] == tools.cmake_flags()
-    assert card["required_instruction_sets"] == tools.required_instruction_sets(card["flags"])
-    assert set(card["required_instruction_sets"]) <= tools.cpu_flags()
+    assert card["flags"] == build_flags.cmake_flags()
+    assert card["required_instruction_sets"] == build_flags.required_instruction_sets(card["flags"])
+    assert set(card["required_instruction_sets"]) <= build_flags.cpu_flags()
     assert "AVX2 = 1" in card["system_info"] or card["native"], card["system_info"]
     for name in tools.BINARIES:
         assert (built / name).stat().st_size == card["binaries"][name]["bytes"]
@@ -125,17 +125,17 @@ def test_a_build_for_instructions_this_cpu_lacks_is_refused_in_one_line(built, t
 def test_builds_are_keyed_by_the_binding_install_and_native_ones_by_the_cpu(monkeypatch):
     version, libs = tools.binding_version(), tools.binding_libs()
     linked = tools.linked_libraries(libs)
-    portable = tools.cmake_flags()
-    assert not tools.is_native(portable)
-    assert tools.required_instruction_sets(portable) == sorted(["sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"])
+    portable = build_flags.cmake_flags()
+    assert not build_flags.is_native(portable)
+    assert build_flags.required_instruction_sets(portable) == sorted(["sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"])
 
     def key(flags, folder=libs, shas=linked):
         return tools.build_key(version, flags, folder, shas)
 
     native = [f for f in portable if not f.startswith("-DGGML_NATIVE")]      # ggml's default: native
-    assert tools.is_native(native) and key(native) != key(portable)
+    assert build_flags.is_native(native) and key(native) != key(portable)
     before = key(native)
-    monkeypatch.setattr(tools, "cpu_flags", lambda: {"avx", "sse4_2"})
+    monkeypatch.setattr(build_flags, "cpu_flags", lambda: {"avx", "sse4_2"})
     assert key(native) != before
     assert key(portable) == key(portable)
     # another install of the binding (other libraries, or the same ones elsewhere) is another build
@@ -154,7 +154,7 @@ def test_the_tools_run_the_bindings_own_libraries(built):
 
 
 def test_llama_bench_measures_a_real_gguf(built, smollm2_gguf):
-    result = tools.llama_bench(smollm2_gguf, threads=1, prompt_tokens=16, gen_tokens=8, repeats=1, timeout_s=300)
+    result = bench.llama_bench(smollm2_gguf, threads=1, prompt_tokens=16, gen_tokens=8, repeats=1, timeout_s=300)
     assert result["llama_bench_pp_tok_per_s"] > 0 and result["llama_bench_tg_tok_per_s"] > 0
     assert result["llama_bench_pp_tok_per_s_std"] >= 0
     assert result["llama_bench_n_threads"] == 1 and result["llama_bench_build_commit"]
@@ -173,7 +173,7 @@ def no_llama_bench_left(built, gguf_path):
 
 def test_a_timed_out_llama_bench_leaves_no_process(built, smollm2_gguf):
     with pytest.raises(tools.ToolError, match="ran past 0.5 s"):
-        tools.llama_bench(smollm2_gguf, threads=1, prompt_tokens=512, gen_tokens=256, repeats=5, timeout_s=0.5)
+        bench.llama_bench(smollm2_gguf, threads=1, prompt_tokens=512, gen_tokens=256, repeats=5, timeout_s=0.5)
     assert no_llama_bench_left(built, smollm2_gguf)
 
 
@@ -185,7 +185,7 @@ def test_an_interrupted_llama_bench_leaves_no_process(built, smollm2_gguf):
     signal.setitimer(signal.ITIMER_REAL, 1.0)
     try:
         with pytest.raises(KeyboardInterrupt):
-            tools.llama_bench(smollm2_gguf, threads=1, prompt_tokens=512, gen_tokens=256, repeats=5, timeout_s=120)
+            bench.llama_bench(smollm2_gguf, threads=1, prompt_tokens=512, gen_tokens=256, repeats=5, timeout_s=120)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -196,9 +196,9 @@ def test_a_failed_llama_bench_names_its_command(built, tmp_path):
     bad = tmp_path / "not-a-model.gguf"
     bad.write_bytes(b"not a gguf")
     with pytest.raises(tools.ToolError, match=r"llama-bench -m .*not-a-model.gguf.* failed \(exit code \d+\): .*\S"):
-        tools.llama_bench(bad, threads=1, prompt_tokens=16, gen_tokens=0, repeats=1, timeout_s=60)
+        bench.llama_bench(bad, threads=1, prompt_tokens=16, gen_tokens=0, repeats=1, timeout_s=60)
     with pytest.raises(ConfigError, match="threads must be an integer >= 1"):
-        tools.llama_bench(bad, threads=0)
+        bench.llama_bench(bad, threads=0)
 
 
 def test_the_command_line(built):

@@ -191,7 +191,7 @@ def test_a_sweep_files_own_models_run_through_every_group_and_every_reader(tiny_
     assert page.count("trials.run") >= 2                      # each card's reproduce command
 
     # ... whose reproduce command is the run's exact config (the trial CLI runs it: tests/test_trial.py)
-    from dashboard.decision import reproduce
+    from dashboard.stack_facts import reproduce
 
     for _, row in frames["stacks"].iterrows():
         command, _ = reproduce(row)

@@ -84,7 +84,7 @@ def test_a_served_stack_is_measured_point_by_point(serving_store):
         assert m["server_tokens_predicted_total"] >= 4 * LOAD.requests * WORKLOAD.max_new_tokens
         assert m["usd_per_million_output_tokens"] > 0
         # the bandwidth bound with every slot decoding, beside the most output tok/s served
-        assert m["roofline_output_tok_per_s"] > 0 and m["roofline_ratio"] == m["output_tok_per_s_max"] / m["roofline_output_tok_per_s"]
+        assert m["roofline_tok_per_s"] > 0 and m["roofline_ratio"] == m["output_tok_per_s_max"] / m["roofline_tok_per_s"]
         assert m["decode_bytes_per_step"] > m["weights_bytes"] and result.tags["bandwidth_source"]
         assert f"--parallel {slots}" in result.tags["server_command"]
         assert result.tags["server_command"].startswith("llama-server --model '<smollm2-135m-instruct>.q4_1.gguf'")
@@ -203,8 +203,8 @@ def test_the_section_the_report_and_the_decision_read_the_served_runs(serving_st
     drawn = [t for t in figures[serving.SLOTS_ID].data if t.name.endswith(" roofline")]
     bounds = {t.name: t.y[list(t.x).index(max(t.x))] for t in drawn}
     assert all(list(t.y) == sorted(t.y) for t in drawn)
-    predicted = {f"{r.config.stack.label} roofline": r.metrics["roofline_output_tok_per_s"] for r in results.values()
-                 if r.metrics.get("roofline_output_tok_per_s")}
+    predicted = {f"{r.config.stack.label} roofline": r.metrics["roofline_tok_per_s"] for r in results.values()
+                 if r.metrics.get("roofline_tok_per_s")}
     assert predicted and bounds == pytest.approx(predicted)
     assert figures[serving.SLOTS_ID].layout.yaxis.type == "log"
     assert "Poisson" in serving.caption(frame)

@@ -279,7 +279,7 @@ def test_the_code_a_card_shows_is_the_arguments_the_trial_ran_with(stacks_store)
     """One description (trials.engines.transformers.arguments) is both what generate() got and the
     code a user is shown: every run records it (tag user_code), the card shows that, and preparing
     the same config again gives exactly the described keywords with the described values."""
-    from dashboard.decision import reproduce, trial_config
+    from dashboard.stack_facts import reproduce, trial_config
     from trials.engines.transformers.arguments import Literal, as_code, stack_arguments
     from trials.engines.transformers.generation import prepare
     from trials.loop import trial_prompts

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from trials.engines.spec import BatchRecord, Engine, Prepared
+from trials.engines.spec import BatchRecord, Engine, ModelFacts, Prepared
 
 NAME = "toy"
 
@@ -61,9 +61,8 @@ def generate_batch(loaded, batch, new_tokens, timer, generate_kwargs) -> BatchRe
 def facts(loaded, record):
     from trials.measurement.instruments import model_weights_bytes
 
-    return {"weights_bytes": model_weights_bytes(loaded.model),
-            "num_parameters": float(sum(p.numel() for p in loaded.model.parameters())),
-            "num_threads": float(torch.get_num_threads())}, {}
+    return ModelFacts(model_weights_bytes(loaded.model), float(sum(p.numel() for p in loaded.model.parameters())),
+                      float(torch.get_num_threads()))
 
 
 def trial_facts(config, loaded, measured, prompts, prepared):

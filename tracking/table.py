@@ -22,6 +22,8 @@ import time
 
 import pandas as pd
 
+from trials.stats.runs import latest as latest_runs
+
 NUMERIC_PARAMS = ("batch_size", "kv_bits", "num_draft_tokens", "max_new_tokens", "repeats", "seed")
 CLOCK_MARGIN_MS = 60 * 1000           # re-read runs that ended this long before the newest known end
 PAGE = 5000                            # runs per search call
@@ -233,8 +235,7 @@ class RunsCache:
                 if not frame.empty and status is not None:
                     frame = frame[frame["status"] == status].reset_index(drop=True)
                 if latest and not frame.empty and "tags.config_hash" in frame.columns:
-                    frame = (frame.drop_duplicates(["tags.config_hash", "status"], keep="last")
-                             .reset_index(drop=True))          # rows are in start-time order
+                    frame = latest_runs(frame, ["tags.config_hash", "status"])
                 self._views[key] = (self.version, frame)
             return self._views[key][1]
 

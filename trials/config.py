@@ -25,7 +25,6 @@ from trials.models.registry import ModelEntry, entry_from_dict, get_model, max_p
 from trials.prompts import PROMPT_SETS
 
 PRECISIONS = engines.default_spec().precisions      # the default engine's weights (every engine's: its spec)
-QUANTIZED_WEIGHTS = ("int8", "nf4", "gptq")
 FOUR_BIT_WEIGHTS = engines.default_spec().four_bit  # the default engine's (its quantizers: trials.models.quantized_weights)
 
 
@@ -34,9 +33,6 @@ def four_bit_weights(stack) -> bool:
     return stack.precision in engines.get(stack.engine).four_bit
 
 
-KV_BITS = (16, 8, 4, 2)       # every engine's quantized caches and their bits: trials.engines.kv_caches()
-SPECULATION = ("none", "draft", "prompt_lookup")
-DEVICES = ("cpu", "cuda")
 
 
 def parse_cache(name: str) -> tuple[int, str] | None:
@@ -86,8 +82,9 @@ class Stack:
         refusal = known[self.engine].refusal(self)
         _check(refusal is None, refusal or "")
         packs = engines.kv_caches()
-        _check(self.kv_bits in KV_BITS,
-               f"unknown kv_bits {self.kv_bits!r}; valid: {', '.join(map(str, KV_BITS))}")
+        kv_bits = sorted({16, *(bits for packed in packs.values() for bits in packed)}, reverse=True)
+        _check(self.kv_bits in kv_bits,
+               f"unknown kv_bits {self.kv_bits!r}; valid: {', '.join(map(str, kv_bits))}")
         _check(self.kv_backend == "none" or self.kv_backend in packs,
                f"unknown kv_backend {self.kv_backend!r}; valid: none, {', '.join(packs)}")
         _check((self.kv_bits == 16) == (self.kv_backend == "none"),
@@ -100,8 +97,9 @@ class Stack:
                f"kv_group_size must be an integer >= 1, got {self.kv_group_size!r}")
         _check(_int_at_least(self.kv_residual_length, 0),
                f"kv_residual_length must be an integer >= 0, got {self.kv_residual_length!r}")
-        _check(self.speculation in SPECULATION,
-               f"unknown speculation {self.speculation!r}; valid: {', '.join(SPECULATION)}")
+        speculation = ("none", *dict.fromkeys(p for engine in known.values() for p in engine.proposers))
+        _check(self.speculation in speculation,
+               f"unknown speculation {self.speculation!r}; valid: {', '.join(speculation)}")
         _check(_int_at_least(self.batch_size, 1),
                f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if self.speculation == "none":
@@ -121,14 +119,6 @@ class Stack:
             _check(value == 0 or name in known[self.engine].server_knobs,
                    f"{name} is a server's option that the {self.engine} engine does not take "
                    f"(it takes: {', '.join(known[self.engine].server_knobs) or 'none'})")
-        if self.compile:
-            _check(self.kv_bits == 16 and self.speculation == "none",
-                   "compiled decoding runs on transformers' static cache, which neither a quantized KV "
-                   "cache nor speculation (it must crop its cache) can use")
-            _check(self.precision not in QUANTIZED_WEIGHTS,
-                   f"compiled decoding and {self.precision} weights cannot run together: transformers "
-                   "does not compile a model whose quantizer is not compileable (bitsandbytes, GPTQ), "
-                   "so generate() would decode uncompiled")
 
     @property
     def design_name(self) -> str:
@@ -264,8 +254,9 @@ class TrialConfig:
         _check(isinstance(self.declared, tuple) and all(isinstance(e, ModelEntry) for e in self.declared),
                "declared must be a tuple of ModelEntry")
         entry = self.entry()               # raises ConfigError naming the valid models
-        _check(self.device in DEVICES,
-               f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
+        devices = tuple(dict.fromkeys(d for engine in engines.ENGINES.values() for d in engine.devices))
+        _check(self.device in devices,
+               f"unknown device {self.device!r}; valid: {', '.join(devices)}")
         _check(_int_at_least(self.repeats, 1),
                f"repeats must be an integer >= 1, got {self.repeats!r}")
         self.stack.validate()

@@ -15,32 +15,17 @@ sections are ``"module:attr"`` pointers resolved on use.
 from __future__ import annotations
 
 import functools
-import os
-import pkgutil
 
 from trials import techniques
-from trials.errors import ConfigError, import_named
+from trials.errors import ConfigError
+from trials.plugins import discover
 from trials.techniques.spec import Technique
 
 PLUGINS_ENV = "LLM_SWEEPS_TECHNIQUES"
 
 
 def _discover() -> tuple[Technique, ...]:
-    built_in = [f"trials.techniques.{m.name}.spec" for m in pkgutil.iter_modules(techniques.__path__) if m.ispkg]
-    plugins = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
-    specs = []
-    for name in built_in + plugins:
-        # a folder of trials/techniques without a spec is not a technique; any other failure is one line
-        module = import_named(name, f"${PLUGINS_ENV}" if name in plugins else "technique", name not in plugins)
-        if module is None:
-            continue
-        spec = getattr(module, "SPEC", None)
-        if not isinstance(spec, Technique):
-            raise ConfigError(f"{name} has no SPEC (a trials.techniques.spec.Technique)")
-        specs.append(spec)
-    clash = sorted({s.name for s in specs if [t.name for t in specs].count(s.name) > 1})
-    if clash:
-        raise ConfigError(f"technique {clash[0]!r} is declared twice")
+    specs = [spec for _, spec in discover(techniques, PLUGINS_ENV, "technique", Technique)]
     return tuple(sorted(specs, key=lambda s: (s.order, s.name)))
 
 

@@ -104,7 +104,7 @@ def _summarize(config: TrialConfig, loaded: loading.LoadedModel,
     throughput = decode_rates(repeats)
     records = [b for rep in repeats for b in rep]
     biggest = max(repeats[0], key=lambda b: b.kv_cache_tokens)
-    facts, notes = engine(config).facts(loaded, biggest)     # weights, parameters, exact KV bytes
+    facts, notes = engine(config).facts(loaded, biggest).logged()     # weights, parameters, exact KV bytes
     metrics = {
         **_spread(throughput, "tok_per_s"),
         **_repeat_statistics(throughput),

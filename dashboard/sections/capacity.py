@@ -30,8 +30,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import (PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest,
-                                       prefixed)
+from dashboard.sections.common import PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest
+from trials.measurement import point_names
 from trials.techniques.capacity.spec import SPEC
 
 GROUP = SPEC.name
@@ -45,7 +45,6 @@ CAPACITY_ID, ATTAINMENT_ID, SEARCH_ID, ITL_ID = ("capacity-rps", "capacity-attai
                                                  "capacity-itl")
 KEYS = ["model", "stack", "device"]
 NEEDED = ("model", "stack", "capacity_rps")
-PROBE = re.compile(r"^p(?P<index>\d+)_(?P<name>.+)$")
 STEP = re.compile(r"\+step\d+")
 DEFAULT_STEP_TOKENS = 2048
 COLORS = qualitative.Plotly
@@ -184,10 +183,9 @@ def probes(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, probe): the run's columns and the probe's ``p{i}_*`` metrics without their prefix."""
     out = []
     for run in rows.to_dict("records"):
-        by_probe = {int(index): values for index, values in prefixed(run, PROBE, "index").items()}
-        for index, values in sorted(by_probe.items()):
+        for point, values in point_names.split(run, point_names.PROBE).items():
             if "offered_rps" in values and "slo_attainment" in values:
-                out.append({**run, **{f"probe_{k}": v for k, v in values.items()}, "probe": index})
+                out.append({**run, **{f"probe_{k}": v for k, v in values.items()}, "probe": point.number})
     return pd.DataFrame(out)
 
 
@@ -416,8 +414,8 @@ def report(frame: pd.DataFrame) -> list[str]:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows.sort_values(["model", "capacity_rps"], ascending=[True, False]).to_dict("records"):
         attained = _number(row.get("capacity_attainment"))
-        single = (f"{_text(1000 * _number(row.get('c1_ttft_s_p95')), '{:.0f}')} / "
-                  f"{_text(1000 * _number(row.get('c1_tpot_s_p95')), '{:.0f}')}")
+        single = " / ".join(_text(1000 * _number(row.get(point_names.SINGLE.metric(name))), "{:.0f}")
+                            for name in ("ttft_s_p95", "tpot_s_p95"))
         itl = (f"{_text(1000 * _number(row.get('itl_s_p95')), '{:.0f}')} / "
                f"{_text(1000 * _number(row.get('itl_s_p95_predicted')), '{:.0f}')}")
         interval = _interval(row).replace(" req/s", "") if row["_status"] not in ("infeasible", "skipped") else ""

@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 
 from trials.config import PRECISIONS
 from trials.measurement.neighbours import NOISY_CORES
+from trials.stats.runs import latest  # noqa: F401  (the sections read it from here)
 
 MB = 1024 * 1024
 EMULATED = "EMULATED"      # in provenance's device field iff the run's precision was emulated
@@ -54,28 +55,9 @@ class TextBeside:
     folds: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
 
-def prefixed(run: dict, pattern, key: str) -> dict:
-    """A run's metrics that ``pattern`` names ``<prefix>_<name>`` (a load point's ``r2_``, a probe's
-    ``p3_``), by its ``key`` group, each without its prefix; missing values left out."""
-    out: dict = {}
-    for column, value in run.items():
-        match = pattern.match(str(column))
-        if match and value is not None and not (isinstance(value, float) and pd.isna(value)):
-            out.setdefault(match[key], {})[match["name"]] = value
-    return out
-
-
 def has(frame: pd.DataFrame, *columns: str) -> bool:
     """The frame has rows and every named column."""
     return not frame.empty and all(c in frame.columns for c in columns)
-
-
-def latest(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """One row per ``keys``: the most recently started run (reruns replace older numbers)."""
-    keys = [k for k in keys if k in frame.columns]
-    if "start_time" in frame.columns:
-        frame = frame.sort_values("start_time", kind="stable")
-    return frame.drop_duplicates(keys, keep="last").reset_index(drop=True)
 
 
 def _value(row, column: str):
@@ -294,10 +276,7 @@ def failed_note(failed: pd.DataFrame, finished_hashes: set[str], drawn: bool = F
     ``drawn``: the section draws its ``oom`` runs itself (``RUN_STATUS = None``)."""
     if failed.empty or "tags.config_hash" not in failed.columns:
         return "", ""
-    rows = failed[~failed["tags.config_hash"].isin(finished_hashes)]
-    if "start_time" in rows.columns:
-        rows = rows.sort_values("start_time")
-    rows = rows.drop_duplicates("tags.config_hash", keep="last")
+    rows = latest(failed[~failed["tags.config_hash"].isin(finished_hashes)], "tags.config_hash")
     if rows.empty:
         return "", ""
     reasons = (rows["tags.error"] if "tags.error" in rows.columns else pd.Series(["(no reason logged)"] * len(rows)))

@@ -11,21 +11,21 @@ stack:
 2. p95 inter-token latency vs offered rate, the TPOT limit dashed;
 3. goodput (requests per second within both limits) vs offered rate, the offered rate dotted;
 4. output tokens per second vs requests in flight (closed loop): what the parallel slots buy, each
-   stack's decode-only bandwidth bound dashed beside it (``roofline_output_tok_per_s``; log scale).
+   stack's decode-only bandwidth bound dashed beside it (``roofline_tok_per_s``; log scale).
 
 Hover gives the point's numbers, the server's command line and the run (a click opens it).
 """
 
 from __future__ import annotations
 
-import re
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from dashboard.sections.common import PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest, prefixed
+from dashboard.sections.common import PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, device_names, has, latest
+from trials.measurement import point_names
 
 GROUP = "serving"
 TITLE = "Serving under load — requests per second within a latency SLO"
@@ -34,12 +34,15 @@ BLURB = ("Behind a real server with continuous batching, how many requests per s
 TTFT_ID, ITL_ID, GOODPUT_ID, SLOTS_ID = "serving-ttft", "serving-itl", "serving-goodput", "serving-slots"
 KEYS = ["model", "stack", "device"]
 NEEDED = ("model", "stack", "single_stream_rps")
-POINT = re.compile(r"^(?P<prefix>[rc]\d+)_(?P<name>.+)$")
 COLORS = qualitative.Plotly
 SERVING = PROVENANCE + Hover(("command", "server", "tags.server_command", "{}"))
 
 
 def _rows(frame: pd.DataFrame) -> pd.DataFrame:
+    if "roofline_output_tok_per_s" in frame.columns:      # the bound's name in stores written before 2026-12-07
+        old = pd.to_numeric(frame["roofline_output_tok_per_s"], errors="coerce")
+        frame = frame.assign(roofline_tok_per_s=frame["roofline_tok_per_s"].fillna(old)
+                             if "roofline_tok_per_s" in frame.columns else old)
     rows = latest(frame, KEYS)
     return rows[pd.to_numeric(rows.get("single_stream_rps"), errors="coerce").notna()].reset_index(drop=True)
 
@@ -48,10 +51,10 @@ def points(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, point): the run's columns and the point's metrics without their prefix."""
     out = []
     for run in rows.to_dict("records"):
-        for prefix, values in prefixed(run, POINT, "prefix").items():
-            kind = "rate" if prefix.startswith("r") else "concurrency"
-            level = float(prefix[1:]) if kind == "concurrency" else float(values.get("offered_rps", float("nan")))
-            out.append({**run, **values, "point": prefix, "kind": kind, "level": level})
+        for point, values in point_names.split(run, point_names.CONCURRENCY + point_names.RATE).items():
+            kind = "rate" if point.kind == point_names.RATE else "concurrency"
+            level = float(point.number) if kind == "concurrency" else float(values.get("offered_rps", float("nan")))
+            out.append({**run, **values, "point": point.name, "kind": kind, "level": level})
     return pd.DataFrame(out)
 
 
@@ -118,7 +121,7 @@ def _bounds(figure: go.Figure, mine: pd.DataFrame, bound: str, colors: dict, col
     """Each stack's predicted bound, dashed beside its measured line: with n requests in flight, min(n,
     slots) sequences decode, and a step reads the weights once and each one's KV cache at the mean
     context (``trials.stats.theory``), at the run's logged copy bandwidth; at the slots it is the run's
-    ``bound`` (``roofline_output_tok_per_s``)."""
+    ``bound`` (``roofline_tok_per_s``)."""
     from trials.stats.theory import decode_step_bytes, roofline_tok_per_s
 
     needed = (bound, "weights_bytes", "decode_bytes_per_step", "memory_bandwidth_bytes_per_s", "parallel_slots")
@@ -165,7 +168,7 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
         (SLOTS_ID, _panel_figure(pts, models, "concurrency", "output_tok_per_s",
                                  "Output tokens/s vs requests in flight (the stack's slots: bN in its name; "
                                  "dashed: its bandwidth bound)", "output tok/s", ".1f",
-                                 bound="roofline_output_tok_per_s", log_y="roofline_output_tok_per_s" in pts.columns)),
+                                 bound="roofline_tok_per_s", log_y="roofline_tok_per_s" in pts.columns)),
     ]
 
 
@@ -195,7 +198,7 @@ def report(frame: pd.DataFrame) -> list[str]:
     """Per model and stack: single-stream rate, saturation, sustainable rate under the SLO, goodput, and
     the served time to first token one request at a time beside the same weights' in-process one
     (measured in the same trial, after the load: what the server's HTTP and scheduling add), and the most
-    output tok/s served beside the bandwidth bound with every slot decoding (``roofline_output_tok_per_s``)."""
+    output tok/s served beside the bandwidth bound with every slot decoding (``roofline_tok_per_s``)."""
     if not has(frame, *NEEDED):
         return []
     rows = _rows(frame)
@@ -209,7 +212,7 @@ def report(frame: pd.DataFrame) -> list[str]:
             return "n/a" if pd.isna(value) else fmt.format(value)
         lines.append(f"| {row['model']} | {row['stack']} | {number('single_stream_rps')} | {number('saturation_rps')} | "
                      f"{number('sustainable_rps')} | {number('goodput_rps_max')} | {number('ttft_s_p50_lowest_rate', '{:.3f}')} | "
-                     f"{number('c1_ttft_s_p50', '{:.3f}')} / {number('in_process_ttft_s_p50', '{:.3f}')} "
+                     f"{number(point_names.SINGLE.metric('ttft_s_p50'), '{:.3f}')} / {number('in_process_ttft_s_p50', '{:.3f}')} "
                      f"(x{number('ttft_served_vs_in_process')}) | {number('output_tok_per_s_max', '{:.1f}')} / "
-                     f"{number('roofline_output_tok_per_s', '{:.0f}')} | {number('parity_token_match')} |")
+                     f"{number('roofline_tok_per_s', '{:.0f}')} | {number('parity_token_match')} |")
     return lines

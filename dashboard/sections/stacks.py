@@ -31,7 +31,8 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from dashboard import capacity, served
-from dashboard.decision import DEFAULT_LIMITS, Limits, decide
+from dashboard.decision import decide
+from dashboard.limits import DEFAULT_LIMITS, Limits
 from dashboard.decision_table import COLUMNS, Glance, glance
 from dashboard.sections.common import (MB, PROVENANCE, PROVENANCE_HOVER, TEMPLATE, Hover, TextBeside, count_range,
                                        has, latest)
@@ -51,7 +52,7 @@ FRONTIER_ID, EFFECTS_ID = "stacks-frontier", "stacks-effects"
 CARD_ID, CARD_TEXT_ID = "stacks-best", "stacks-best-more"
 # The best-stack card's limits, typed beside the model selector (an emptied box: its default; a
 # negative value, or a box without a default left empty: no limit); the defaults are the decision's
-# (``dashboard.decision.Limits``, justified there from measured stores)
+# (``dashboard.limits.Limits``, justified there from measured stores)
 DEEP_DIVE_CONTROLS = {
     "max_kl": ("max KL (nats)", DEFAULT_LIMITS.max_kl, 0.01),
     "max_ppl_pct": ("max perplexity increase %", 100 * DEFAULT_LIMITS.max_perplexity_increase, 0.5),
@@ -356,7 +357,7 @@ def report(frame: pd.DataFrame) -> list[str]:
     # the ratio of two rows of this table when the two workers' machines were loaded differently
     lines = ["| model | stack | tok/s (95 % CI) | x base, same worker | peak MiB | x base, same worker | token match | KL |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    rows = frame.sort_values("start_time").drop_duplicates(["model", "tags.stack_name"], keep="last")
+    rows = latest(frame, ["model", "tags.stack_name"])
     for _, r in rows.sort_values(["model", "tok_per_s"], ascending=[True, False]).iterrows():
         kl = r.get("kl_divergence")
         lines.append(f"| {r['model']} | {r['tags.stack_name']} | {r['tok_per_s']:.1f} "

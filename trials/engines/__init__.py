@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
-import pkgutil
 
-from trials.errors import ConfigError, import_named
+from trials.errors import ConfigError
 
 DEFAULT = "transformers"
 PLUGINS_ENV = "LLM_SWEEPS_ENGINES"
@@ -24,21 +22,18 @@ PLUGINS_ENV = "LLM_SWEEPS_ENGINES"
 
 @functools.cache
 def _discover() -> dict:
-    from trials.engines.spec import Engine
+    import sys
 
-    built_in = [f"{__name__}.{m.name}.spec" for m in pkgutil.iter_modules(__path__) if m.ispkg]
-    plugins = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+    from trials.engines.spec import Engine
+    from trials.plugins import discover
+
     found: dict[str, Engine] = {}
-    for name in built_in + plugins:
-        # a folder without a spec is not an engine; any other failure is one line naming the module
-        module = import_named(name, f"${PLUGINS_ENV}" if name in plugins else "engine", name not in plugins)
-        if module is None:
-            continue
-        spec = getattr(module, "SPEC", None)
-        if not isinstance(spec, Engine):
-            raise ConfigError(f"{name} has no SPEC (a trials.engines.spec.Engine)")
-        if spec.name in found:
-            raise ConfigError(f"engine {spec.name!r} is declared twice")
+    for name, spec in discover(sys.modules[__name__], PLUGINS_ENV, "engine", Engine):
+        lacking = spec.lacks()
+        if lacking:
+            kind = "ServerBackend" if spec.serves else "Backend"
+            raise ConfigError(f"engine {spec.name!r} ({name}): its backend {spec.backend} lacks "
+                              f"{', '.join(lacking)} (trials.engines.spec.{kind})")
         found[spec.name] = spec
     ordered = {DEFAULT: found.pop(DEFAULT)} if DEFAULT in found else {}
     return {**ordered, **dict(sorted(found.items()))}

@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable
 
-import psutil
+from trials.engines import process_group
 
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT_S = 180            # loading the weights and warming up; a server slower than this is broken
@@ -103,35 +103,13 @@ def wait_healthy(name: str, process: subprocess.Popen, url: str, log_path: pathl
     raise ServerError(f"{name} was not healthy within {timeout_s:g} s: {log_tail(log_path)}")
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a process of the group is still running (a zombie, dead and waiting for its reaper,
-    is not: a helper whose parent died is reaped by init, when init reaps)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    for member in psutil.process_iter(["status"]):
-        with contextlib.suppress(OSError, psutil.Error):
-            if os.getpgid(member.pid) == pgid and member.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-    return False
-
-
 def stop(name: str, process: subprocess.Popen, first: signal.Signals = signal.SIGTERM,
          grace_s: float = STOP_TIMEOUT_S) -> None:
     """``first`` (SIGTERM; SIGINT for a Python child that cleans up on KeyboardInterrupt) to the server's
     process group, SIGKILL after ``grace_s``, until no process of the group is left (``ServerError``
     if one still is after SIGKILL)."""
-    for sent in (first, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sent)
-        deadline = time.monotonic() + (grace_s if sent == first else STOP_TIMEOUT_S)
-        while time.monotonic() < deadline:
-            process.poll()                        # reap the server itself
-            if process.returncode is not None and not group_alive(process.pid):
-                return
-            time.sleep(0.05)
-    raise ServerError(f"{name} (process group {process.pid}) is still running after SIGKILL")
+    if not process_group.stop(process, first, grace_s):
+        raise ServerError(f"{name} (process group {process.pid}) is still running after SIGKILL")
 
 
 def _libc_prctl():
@@ -183,3 +161,27 @@ def serve_process(name: str, command_for: Callable[[int], list[str]], threads: i
             stop(name, process)
         finally:
             log_path.unlink(missing_ok=True)
+
+
+def parity(prompts, new_tokens: int, served, local, agreed) -> dict[str, float]:
+    """A server's greedy output against its in-process engine's, prompt by prompt, after one untimed
+    local warm-up: ``served(prompt)`` -> the server's answer, ``local(prompt, new_tokens)`` -> the
+    in-process ``BatchRecord`` of that one prompt, ``agreed(answer, record)`` -> (tokens that agree up
+    to the first divergence, whether the whole output is the same). ``parity_token_match``: the share
+    of positions that agree; ``parity_prompts_identical``: the share of prompts whose output is the
+    same (1.0: the in-process groups' quality numbers carry over); ``in_process_ttft_s_p50``: the
+    in-process time to first token on the same prompts, one at a time, to set beside the served one."""
+    import statistics
+
+    local(prompts[0], 2)                                       # warm-up, not timed
+    matched, identical, ttfts, record = 0, 0, [], None
+    for prompt in prompts:
+        answer = served(prompt)
+        record = local(prompt, new_tokens)
+        tokens, same = agreed(answer, record)
+        matched += tokens
+        identical += int(same)
+        ttfts.append(record.ttft_s)
+    return {"parity_token_match": matched / (new_tokens * len(prompts)),
+            "parity_prompts_identical": identical / len(prompts),
+            "in_process_ttft_s_p50": statistics.median(ttfts)}

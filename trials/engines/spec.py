@@ -14,8 +14,10 @@ trials from its own kernels: the budget calibrates its weights with it, and a se
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
+import pathlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
@@ -67,6 +69,11 @@ class Engine:
     start_s: float = 5.0                        # a server's start (loading, first health answer), for the budget
     server_knobs: tuple[str, ...] = ()          # the ``Stack`` fields a server takes as options (``step_tokens``:
     #                                             tokens per scheduling step; ``threads``): the capacity group's knobs
+    levels: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    #                                             per profile ("quick", "full"; "default": any other) what the
+    #                                             engines group compares on it beyond its base and shipped
+    #                                             weights: {"weights": (...), "caches": ("ggml8", ...)}; a
+    #                                             profile's or sweep file's list replaces them (``levels_for``)
     machine_setup: tuple[str, ...] = ()         # ``python -m`` and its arguments: what its trials need built on
     #                                             this machine (llama.cpp's tools), which a local sweep builds
     #                                             beside its first trials (sweeps.setup_beside); its trials wait
@@ -93,6 +100,20 @@ class Engine:
     def installed(self) -> bool:
         return not self.missing()
 
+    def lacks(self) -> list[str]:
+        """The names its ``backend`` module must define (``Backend``, or ``ServerBackend`` where it
+        serves; ``step_cost`` where it ``measures_steps``; ``step_curve`` and ``user_command`` where a
+        server takes ``server_knobs``) that the module's source does not: read, not imported, so the
+        check needs none of the engine's packages. Empty when it defines them all."""
+        protocol = ServerBackend if self.serves else Backend
+        needed = [*protocol.__annotations__, *(n for n in vars(protocol) if not n.startswith("_"))]
+        needed += ["step_cost"] if self.measures_steps else []
+        needed += ["step_curve", "user_command"] if self.serves and self.server_knobs else []
+        defined = _defined_names(self.backend)
+        if defined is None:
+            return [f"the module {self.backend} itself"]
+        return [name for name in dict.fromkeys(needed) if name not in defined]
+
     def base(self, device: str) -> str:
         """Its 16-bit base precision on ``device``: the first of ``sixteen_bit`` that runs natively
         there (bf16 on a CPU that emulates it is skipped), else the last."""
@@ -106,6 +127,16 @@ class Engine:
         shipped = self.shipped(entry)
         return shipped if shipped in self.four_bit else (self.four_bit[0] if self.four_bit else None)
 
+    def levels_for(self, profile: str, knob: str, chosen=None) -> tuple[str, ...]:
+        """Its choices of ``knob`` under ``profile`` (a built-in profile's name): ``chosen`` (a profile's
+        or sweep file's list, any engine's names) where given, the ones this engine has, else its own."""
+        if chosen is not None:
+            mine = ((lambda name: name in self.precisions) if knob == "weights"
+                    else (lambda name: name == "full" or name.rstrip("0123456789") in self.kv_caches))
+            return tuple(name for name in chosen if mine(name))
+        own = self.levels.get(profile) or self.levels.get("default") or {}
+        return tuple(own.get(knob, ()))
+
     def refusal(self, stack) -> str | None:
         """Why ``stack`` cannot run on this engine, or None."""
         if stack.precision not in self.precisions:
@@ -118,6 +149,32 @@ class Engine:
             return (f"the {self.name} engine speculates with {', '.join(self.proposers) or 'nothing'}, "
                     f"not {stack.speculation!r}")
         return self.guard(stack)
+
+
+def _defined_names(module: str) -> set[str] | None:
+    """The names a module's source binds at its top level (definitions, assignments, imports, also
+    inside a top-level ``if``/``try``), without running it; None where it has no Python source."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return None
+    names: set[str] = set()
+    body = list(ast.parse(pathlib.Path(found.origin).read_text(encoding="utf-8")).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try)):
+            body += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    return names
 
 
 @dataclass(frozen=True)
@@ -140,7 +197,7 @@ class Backend(Protocol):
     stack as a user's code (built once, from one description: what ran is what is shown).
     ``generate_batch(loaded, batch, new_tokens, timer, kwargs)`` -> a record (``BatchRecord``'s
     fields): greedy, exactly ``new_tokens`` per row, each token stamped.
-    ``facts(loaded, record)`` -> (metrics, tags): weights bytes, parameters, exact KV bytes.
+    ``facts(loaded, record)`` -> ``ModelFacts``: weights bytes, parameters, threads, exact KV bytes.
     ``trial_facts(config, loaded, measured, prompts, prepared)`` -> (metrics, tags): the engine's own counters
     and build beside the loop's numbers.
     ``scorer(config, loaded, context)`` -> a function (token ids -> fp32 logits per position) for
@@ -174,8 +231,8 @@ class ServerBackend(Protocol):
     its process group, and checked gone on the way out, whatever happened inside
     (``trials.engines.server_process``). ``parity(config, loaded, handle)`` -> metrics: the server's
     greedy tokens against the in-process ones of the engine it builds on. ``server_metrics(handle)`` ->
-    the server's own counters. ``trial_facts(config, loaded, handle)`` -> (metrics, tags): its files,
-    build and command line.
+    the server's own counters. ``trial_facts(config, loaded, handle)`` -> ``ServerFacts``: its context,
+    weights and cache bytes, files, build and command line.
     """
 
     STREAM_ENDS_WITH_DONE: bool
@@ -186,6 +243,55 @@ class ServerBackend(Protocol):
     def parity(self, config, loaded, handle): ...
     def server_metrics(self, handle): ...
     def trial_facts(self, config, loaded, handle): ...
+
+
+@dataclass
+class ModelFacts:
+    """What an in-process backend reports of the model it loaded (``Backend.facts``), under the names
+    the loop logs for every engine: its weights' bytes and parameters, the threads it ran on, and the
+    exact KV bytes of the cache a record ended with where the engine can compute them (else why not);
+    ``metrics``: the engine's own (a GGUF's file bytes)."""
+
+    weights_bytes: float
+    num_parameters: float
+    num_threads: float
+    kv_cache_bytes_exact: float | None = None
+    kv_cache_bytes_exact_missing: str = ""
+    metrics: dict = field(default_factory=dict)
+
+    def logged(self) -> tuple[dict[str, float], dict[str, str]]:
+        """(metrics, tags) as the run keeps them."""
+        out = {**self.metrics, "weights_bytes": float(self.weights_bytes),
+               "num_parameters": float(self.num_parameters), "num_threads": float(self.num_threads)}
+        if self.kv_cache_bytes_exact is not None:
+            out["kv_cache_bytes_exact"] = float(self.kv_cache_bytes_exact)
+        missing = {"kv_cache_bytes_exact_missing": self.kv_cache_bytes_exact_missing} \
+            if self.kv_cache_bytes_exact_missing else {}
+        return out, missing
+
+
+@dataclass
+class ServerFacts:
+    """What a server backend reports of the server it ran (``ServerBackend.trial_facts``): what its KV
+    cache holds and what its weights and cache take, where it can say, and its own metrics and tags
+    (files, build, command line). ``logged`` adds what the runner knows itself (slots, threads, start)
+    and names every shared metric once, for every server engine."""
+
+    n_ctx: int                                        # tokens the server's KV cache holds, every slot's
+    context_per_slot: int
+    weights_bytes: float | None = None                # the roofline's numerator
+    kv_cache_allocated_bytes: float | None = None     # the cache it allocated (n_ctx x bytes per token)
+    metrics: dict = field(default_factory=dict)       # its own: gguf_file_bytes, ...
+    tags: dict = field(default_factory=dict)
+
+    def logged(self, stack, running) -> dict[str, float]:
+        out = {**self.metrics, "n_ctx": float(self.n_ctx), "context_per_slot": float(self.context_per_slot),
+               "parallel_slots": float(stack.batch_size), "server_threads": float(running.threads),
+               "server_start_s": float(running.started_s)}
+        out.update({name: float(value) for name, value in (("weights_bytes", self.weights_bytes),
+                                                           ("kv_cache_allocated_bytes", self.kv_cache_allocated_bytes))
+                    if value is not None})
+        return out
 
 
 @dataclass

@@ -23,6 +23,7 @@ import torch
 
 from trials.engines.transformers.arguments import load_arguments
 from trials.engines.transformers.materialize import materialize_all
+from trials.engines.transformers.spec import QUANTIZED
 from trials.errors import ConfigError
 from trials.measurement.hardware import DTYPES
 from trials.models import pypi, quantized_weights, zoo
@@ -32,7 +33,6 @@ from trials.worker import WORKER, model_cache_size
 log = logging.getLogger(__name__)
 
 # Quantized weights (bitsandbytes int8 / NF4, GPTQ): loaded by trials.models.quantized_weights.
-QUANTIZED = ("int8", "nf4", "gptq")
 
 
 @dataclass

@@ -35,6 +35,7 @@ import pandas as pd
 
 from trials.config import four_bit_weights
 from trials.engines import DEFAULT as DEFAULT_ENGINE
+from trials.stats.runs import latest
 
 FACTOR_TAG = "factor."          # tags.factor.<name> = "0" | "1" on every stacks run
 FACTORS = ("weights", "kv", "spec", "compile")   # the design's binary factors, in the order charts list them
@@ -123,9 +124,7 @@ def cells(frame: pd.DataFrame, factors: list[str]) -> pd.DataFrame:
         else:
             coded[name] = coded[f"tags.{FACTOR_TAG}{name}"].fillna("0").astype(str).map({"0": -1, "1": 1})
     coded = coded.dropna(subset=factors)
-    if "start_time" in coded:
-        coded = coded.sort_values("start_time")
-    return coded.drop_duplicates(subset=factors, keep="last").reset_index(drop=True)
+    return latest(coded, factors)
 
 
 def estimable_terms(coded: pd.DataFrame, factors: list[str]) -> tuple[list[tuple[str, ...]], list[str]]:

@@ -32,3 +32,12 @@ def roofline_tok_per_s(batch: int, bandwidth_bytes_per_s: float, bytes_per_step:
     """The bandwidth bound of decoding: one step reads ``bytes_per_step`` (weights once plus every
     row's KV cache) and emits ``batch`` tokens, so no step beats ``batch · bandwidth / bytes``."""
     return batch * bandwidth_bytes_per_s / bytes_per_step
+
+
+def roofline_metrics(measured_tok_per_s: float, batch: int, bandwidth_bytes_per_s: float,
+                     bytes_per_step: float) -> dict[str, float]:
+    """The roofline as every group logs it, beside the measured decode rate: the bandwidth, the bytes
+    one step reads, the bound (``roofline_tok_per_s``) and measured / bound (``roofline_ratio``)."""
+    bound = roofline_tok_per_s(batch, bandwidth_bytes_per_s, bytes_per_step)
+    return {"memory_bandwidth_bytes_per_s": bandwidth_bytes_per_s, "decode_bytes_per_step": bytes_per_step,
+            "roofline_tok_per_s": bound, "roofline_ratio": measured_tok_per_s / bound}

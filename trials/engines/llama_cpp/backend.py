@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from trials.config import TrialConfig
-from trials.engines.llama_cpp import generation, tools
+from trials.engines.llama_cpp import bench, build_flags, generation, tools
 from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.engines.llama_cpp.generation import facts, generate_batch   # noqa: F401  (the interface)
 from trials.engines.llama_cpp.spec import KV_TYPES, NAME
@@ -66,7 +66,7 @@ def trial_facts(config: TrialConfig, loaded, measured, prompts, prepared: Prepar
     tags = {**bench_tags, "engine": NAME, "gguf_type": stack.precision, "gguf_file": loaded.card.get("file", ""),
             "gguf_origin": loaded.card.get("origin", ""),
             "weights_as_shipped": str(loaded.card.get("origin") == "shipped"),
-            "llama_cpp_python": binding.__version__, "llama_cpp_build_flags": " ".join(tools.cmake_flags()),
+            "llama_cpp_python": binding.__version__, "llama_cpp_build_flags": " ".join(build_flags.cmake_flags()),
             "llama_cpp_system": binding.llama_print_system_info().decode(errors="replace")[:250],
             "kv_cache_type": KV_TYPES[stack.kv_bits], "flash_attn": "True",
             "tokenizer_parity_prompts": ",".join(p.id for p, same in zip(prompts, parity) if not same) or "all",
@@ -84,13 +84,13 @@ def cross_check(config: TrialConfig, loaded, measured) -> tuple[dict[str, float]
     ours = statistics.median(decode_rates(measured.repeats))            # the loop's tok_per_s
     try:
         folder = tools.tools_dir(build=False)
-        bench = tools.llama_bench(loaded.path, threads(), prompt_tokens=round(statistics.mean(r.prompt_tokens for r in records)),
-                                  gen_tokens=config.workload.max_new_tokens, repeats=max(2, config.repeats),
-                                  cache_type=KV_TYPES[config.stack.kv_bits], flash_attn=True, folder=folder)
+        theirs = bench.llama_bench(loaded.path, threads(), prompt_tokens=round(statistics.mean(r.prompt_tokens for r in records)),
+                                   gen_tokens=config.workload.max_new_tokens, repeats=max(2, config.repeats),
+                                   cache_type=KV_TYPES[config.stack.kv_bits], flash_attn=True, folder=folder)
     except (ConfigError, tools.ToolError) as exc:
         return {}, {"llama_bench_error": str(exc).splitlines()[0][:300]}
-    metrics = {k: float(v) for k, v in bench.items() if k.endswith(("tok_per_s", "tok_per_s_std")) and v is not None}
-    tags = {k: str(v)[:250] for k, v in bench.items() if k not in metrics and v is not None}
+    metrics = {k: float(v) for k, v in theirs.items() if k.endswith(("tok_per_s", "tok_per_s_std")) and v is not None}
+    tags = {k: str(v)[:250] for k, v in theirs.items() if k not in metrics and v is not None}
     if metrics.get("llama_bench_tg_tok_per_s"):
         metrics["llama_bench_tg_ratio"] = ours / metrics["llama_bench_tg_tok_per_s"]
     if config.stack.speculation != "none":

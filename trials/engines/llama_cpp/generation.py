@@ -23,6 +23,7 @@ from trials.config import TrialConfig
 from trials.engines.llama_cpp import gguf
 from trials.engines.llama_cpp.binding import require_llama_cpp, threads
 from trials.engines.llama_cpp.spec import BYTES_PER_ELEMENT, KV_TYPES, model_refusal
+from trials.engines.spec import ModelFacts
 from trials.errors import ConfigError
 from trials.measurement.instruments import TokenTimer
 from trials.models.registry import model_config
@@ -242,18 +243,16 @@ def generate_batch(loaded: LoadedGGUF, batch: list[Prompt], new_tokens: int, tim
         llama_perf=perf_counters(loaded), target_passes=passes)
 
 
-def facts(loaded: LoadedGGUF, record: GGUFRecord) -> tuple[dict[str, float], dict[str, str]]:
+def facts(loaded: LoadedGGUF, record: GGUFRecord) -> ModelFacts:
     """What the loop logs about the loaded model: the GGUF's tensor bytes and parameters (llama.cpp's
     own count), the threads it ran on, and the KV bytes its cache type holds for ``record``'s tokens
     (computed from ggml's block sizes: llama.cpp exposes no per-sequence cache size to measure)."""
     import llama_cpp as binding
 
     handle = loaded.model._model.model
-    return ({"weights_bytes": float(binding.llama_model_size(handle)),
-             "num_parameters": float(binding.llama_model_n_params(handle)),
-             "gguf_file_bytes": float(loaded.path.stat().st_size),
-             "num_threads": float(threads()),
-             "kv_cache_bytes_exact": float(record.kv_cache_bytes)}, {})
+    return ModelFacts(float(binding.llama_model_size(handle)), float(binding.llama_model_n_params(handle)),
+                      float(threads()), float(record.kv_cache_bytes),
+                      metrics={"gguf_file_bytes": float(loaded.path.stat().st_size)})
 
 
 def _render(value) -> str:

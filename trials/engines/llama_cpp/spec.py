@@ -63,6 +63,7 @@ SPEC = Engine(NAME, "llama.cpp (llama-cpp-python)", GGUF_TYPES, {"ggml": (8, 4)}
               weight_word="GGUF weights", version_tag="llama_cpp_python",
               benchmark="llama-bench", benchmark_ratio="llama_bench_tg_ratio",
               machine_setup=TOOLS_BUILD,
+              levels={"default": {"weights": ("f16", "q8_0", "q4_0"), "caches": ("ggml8", "ggml4")}},
               caption="fed the transformers tokenizer's ids (tokenizer_parity says where its own tokenizer "
                       "agrees), flash attention on, its KV bytes computed from ggml block sizes; its GGUF types "
                       "made by llama.cpp's converter (F16) and quantizer from each model's HF folder, beside a "

@@ -5,7 +5,7 @@ llama-cpp-python source package as the installed binding, its ``vendor/llama.cpp
 as ``convert.py`` fetches it) are compiled and linked against the binding's installed shared libraries
 (libllama, libllama-common, libmtmd, libggml*; ``tools_cmake/CMakeLists.txt``), so a tool's number and
 the binding's come from the very same code and instructions, and only the tools compile here. The
-binding's CMake flags are the one line in ``cmake_flags`` that the Makefile's ``LLAMA_CPP_CMAKE`` reads
+binding's CMake flags are the one line in ``cmake_flags`` (``build_flags``) that the Makefile's ``LLAMA_CPP_CMAKE`` reads
 too (or ``$LLM_SWEEPS_LLAMA_CMAKE`` where the binding was built with others). One folder per version,
 flags and binding install (the libraries' folder and sha256; per CPU for a native build) under
 ``~/.cache/llm-inference-sweeps/llama-cpp-tools`` (or ``$LLM_SWEEPS_LLAMA_TOOLS_DIR``), with a card:
@@ -39,14 +39,13 @@ import tarfile
 import tempfile
 import time
 
-from trials.engines.llama_cpp import convert
+from trials.engines import process_group
+from trials.engines.llama_cpp import build_flags, convert
 from trials.engines.llama_cpp.binding import INSTALL
 from trials.errors import ConfigError, one_line_errors
 
 TOOLS_ENV_VAR = "LLM_SWEEPS_LLAMA_TOOLS_DIR"      # the cache root (the folders of each build are inside)
-CMAKE_ENV_VAR = "LLM_SWEEPS_LLAMA_CMAKE"          # the flags, where the binding was built with others
 DEFAULT_ROOT = "~/.cache/llm-inference-sweeps/llama-cpp-tools"
-FLAGS_FILE = pathlib.Path(__file__).with_name("cmake_flags")
 CARD_FILE = "build_card.json"
 FORMAT_VERSION = 2
 BINARIES = ("llama-bench", "llama-server")
@@ -57,14 +56,6 @@ TOOL_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE
 # The binding's shared libraries the tools link (site-packages/lib, where llama-cpp-python installs
 # them with their CMake configs; the copies in llama_cpp/lib that the binding loads are the same files).
 LINKED = ("libllama.so", "libllama-common.so", "libmtmd.so", "libggml.so", "libggml-base.so", "libggml-cpu.so")
-# ggml's CMake options for x86 instruction sets -> their /proc/cpuinfo flag names.
-INSTRUCTION_SETS = {"GGML_SSE42": "sse4_2", "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma",
-                    "GGML_F16C": "f16c", "GGML_BMI2": "bmi2", "GGML_AVX_VNNI": "avx_vnni",
-                    "GGML_AVX512": "avx512f", "GGML_AVX512_VBMI": "avx512vbmi", "GGML_AVX512_VNNI": "avx512_vnni",
-                    "GGML_AVX512_BF16": "avx512_bf16", "GGML_AMX_TILE": "amx_tile", "GGML_AMX_INT8": "amx_int8",
-                    "GGML_AMX_BF16": "amx_bf16"}
-# What ggml turns on by itself in a build that is not native (ggml/CMakeLists.txt: INS_ENB).
-PORTABLE_DEFAULTS = ("GGML_SSE42", "GGML_AVX", "GGML_AVX2", "GGML_BMI2", "GGML_FMA", "GGML_F16C")
 BUILD_TIMEOUT_S = 3 * 3600
 SAFE_EXTRACT = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}   # Python 3.10.12+, 3.11.4+
 BUILD_NOTE = "a few minutes of compiling, once per binding install"
@@ -72,61 +63,6 @@ BUILD_NOTE = "a few minutes of compiling, once per binding install"
 
 class ToolError(RuntimeError):
     """A tool that ran and failed (or ran out of time): the command and its last lines of stderr."""
-
-
-def cmake_flags() -> list[str]:
-    """The binding's CMake flags: ``$LLM_SWEEPS_LLAMA_CMAKE``, else the ``cmake_flags`` file."""
-    text = os.environ.get(CMAKE_ENV_VAR) or FLAGS_FILE.read_text()
-    return shlex.split(text)
-
-
-def _options(flags: list[str]) -> dict[str, str]:
-    """``-DNAME=VALUE`` flags as {NAME: VALUE} (the last wins, as in CMake; ``-DNAME:BOOL=ON`` too)."""
-    options = {}
-    for flag in flags:
-        if flag.startswith("-D") and "=" in flag:
-            name, _, value = flag[2:].partition("=")
-            options[name.split(":")[0]] = value
-    return options
-
-
-def _on(value: str) -> bool:
-    return value.upper() in ("ON", "1", "TRUE", "YES", "Y")
-
-
-def is_native(flags: list[str]) -> bool:
-    """Whether the build is for this CPU's own instructions (ggml's default, unless GGML_NATIVE=OFF)."""
-    return _on(_options(flags).get("GGML_NATIVE", "ON"))
-
-
-def cpu_flags() -> set[str]:
-    """This CPU's instruction-set flags, as /proc/cpuinfo names them (empty where it says none)."""
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
-def required_instruction_sets(flags: list[str]) -> list[str]:
-    """The instruction sets a build with ``flags`` uses: those the flags (or ggml's defaults) turn on,
-    and for a native build every one this CPU has."""
-    options, native = _options(flags), is_native(flags)
-    wanted = {cpu for name, cpu in INSTRUCTION_SETS.items()
-              if _on(options.get(name, "ON" if name in PORTABLE_DEFAULTS and not native else "OFF"))}
-    if native:
-        wanted |= set(INSTRUCTION_SETS.values()) & cpu_flags()
-    return sorted(wanted)
-
-
-def _check_cpu(required: list[str], where: str) -> None:
-    missing = sorted(set(required) - cpu_flags())
-    if missing:
-        raise ConfigError(f"llama.cpp's tools {where} need instruction sets this CPU lacks "
-                          f"({', '.join(missing)}); build them for it with other flags (${CMAKE_ENV_VAR})")
 
 
 def binding_version() -> str:
@@ -165,8 +101,8 @@ def build_key(version: str, flags: list[str], libs: pathlib.Path, linked: dict[s
     """``<version>-<hash>``: the hash of the flags, the binding's libraries (their folder, which the
     tools' run path names, and sha256) and, for a native build, this CPU's flags."""
     text = " ".join([*flags, *TOOL_FLAGS, str(libs), *sorted(f"{k}={v}" for k, v in linked.items())])
-    if is_native(flags):
-        text += "\ncpu: " + " ".join(sorted(cpu_flags()))
+    if build_flags.is_native(flags):
+        text += "\ncpu: " + " ".join(sorted(build_flags.cpu_flags()))
     return f"{version}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
@@ -214,8 +150,8 @@ def tools_dir(build: bool = True) -> pathlib.Path:
     wait on a file lock; with ``build`` False a caller still waits for a build under way). ConfigError
     where this CPU lacks an instruction set the build needs, or where it is not built and ``build`` is
     False."""
-    version, flags, libs = binding_version(), cmake_flags(), binding_libs()
-    _check_cpu(required_instruction_sets(flags), "for these flags")
+    version, flags, libs = binding_version(), build_flags.cmake_flags(), binding_libs()
+    build_flags.check_cpu(build_flags.required_instruction_sets(flags), "for these flags")
     linked = linked_libraries(libs)
     folder = tools_root() / build_key(version, flags, libs, linked)
     lock = folder.parent / f".{folder.name}.lock"
@@ -235,7 +171,7 @@ def tools_dir(build: bool = True) -> pathlib.Path:
                     print(f"llama.cpp tools: {folder} is damaged ({problem}): building again",
                           file=sys.stderr, flush=True)
                 _build(folder, version, flags, libs, linked)
-    _check_cpu(read_card(folder)["required_instruction_sets"], f"in {folder}")
+    build_flags.check_cpu(read_card(folder)["required_instruction_sets"], f"in {folder}")
     return folder
 
 
@@ -278,7 +214,7 @@ def beside_estimate_s() -> float:
     """For a sweep's budget (``sweeps.setup_beside``): the core-seconds a ``build`` would take here, 0
     where the tools are built and whole. An estimate (compiling two tools against the binding's
     libraries); the sweep's summary prints what the build took."""
-    version, flags, libs = binding_version(), cmake_flags(), binding_libs()
+    version, flags, libs = binding_version(), build_flags.cmake_flags(), binding_libs()
     folder = tools_root() / build_key(version, flags, libs, linked_libraries(libs))
     return 0.0 if damage(folder) is None else BUILD_CORE_S_ESTIMATE
 
@@ -320,13 +256,13 @@ def _build(folder: pathlib.Path, version: str, flags: list[str], libs: pathlib.P
         for name in BINARIES:
             shutil.copy2(built / name, staged / name)
         card = {"format_version": FORMAT_VERSION, "llama_cpp_python": version, "flags": flags,
-                "tool_flags": list(TOOL_FLAGS), "native": is_native(flags),
+                "tool_flags": list(TOOL_FLAGS), "native": build_flags.is_native(flags),
                 "binding_libs": str(libs), "linked": linked,
                 "commands": [shlex.join(configure), shlex.join(compile_)], "cores": cores,
                 "build_s": round(time.monotonic() - started, 1),
                 "binaries": {name: {"bytes": (staged / name).stat().st_size, "sha256": _sha256(staged / name)}
                              for name in BINARIES},
-                "required_instruction_sets": required_instruction_sets(flags),
+                "required_instruction_sets": build_flags.required_instruction_sets(flags),
                 **_build_info(staged)}
         (staged / CARD_FILE).write_text(json.dumps(card, indent=2))
         if folder.exists():
@@ -355,64 +291,6 @@ def _said(command: list[str], timeout_s: float = 60) -> str:
         return str(exc)
 
 
-def llama_bench(gguf_path: str | os.PathLike, threads: int, prompt_tokens: int = 128, gen_tokens: int = 32,
-                repeats: int = 3, cache_type: str = "f16", flash_attn: bool = True, timeout_s: float = 600,
-                folder: pathlib.Path | None = None) -> dict:
-    """``llama-bench`` on one GGUF: prompt processing (``pp<prompt_tokens>``) and generation
-    (``tg<gen_tokens>``) tokens per second, mean and standard deviation over ``repeats``, with the
-    build, CPU, backends and exact command as ``llama_bench_*`` tags. A cross-check of the binding's
-    numbers by llama.cpp's own benchmark. ToolError if it fails or outlives ``timeout_s`` (then its
-    whole process group is killed, as on any exception). ``folder``: the tools' folder where the caller
-    already checked it (``tools_dir``), else found and checked here."""
-    rows, command = llama_bench_rows(gguf_path, threads, (prompt_tokens,) if prompt_tokens else (), gen_tokens,
-                                     repeats, cache_type, flash_attn, timeout_s, folder)
-    result = {}
-    for phase, tokens in (("pp", prompt_tokens), ("tg", gen_tokens)):
-        row = next((r for r in rows if (r["n_prompt"], r["n_gen"]) == ((tokens, 0) if phase == "pp" else (0, tokens))),
-                   None)
-        if tokens and row is None:
-            raise ToolError(f"`{shlex.join(command)}` printed no {phase}{tokens} row")
-        result[f"llama_bench_{phase}_tok_per_s"] = row["avg_ts"] if row else None
-        result[f"llama_bench_{phase}_tok_per_s_std"] = row["stddev_ts"] if row else None
-    first = rows[0]
-    for key in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_type", "model_size",
-                "model_n_params", "n_threads", "type_k", "type_v", "flash_attn", "n_batch", "n_ubatch"):
-        result[f"llama_bench_{key}"] = first.get(key)
-    result["llama_bench_command"] = shlex.join(command)
-    return result
-
-
-def llama_bench_rows(gguf_path: str | os.PathLike, threads: int, prompt_sizes: tuple[int, ...] = (128,),
-                     gen_tokens: int = 32, repeats: int = 3, cache_type: str = "f16", flash_attn: bool = True,
-                     timeout_s: float = 600, folder: pathlib.Path | None = None,
-                     batch_tokens: int | None = None) -> tuple[list[dict], list[str]]:
-    """``llama-bench``'s JSON rows (one per test: ``pp<p>`` for each of ``prompt_sizes``, ``tg<gen_tokens>``
-    unless 0) and the command that printed them. ``batch_tokens``: its ``-b`` and ``-ub`` (a prompt of
-    at most that many tokens is then one step); llama-bench's defaults otherwise."""
-    for name, value, least in (("threads", threads, 1), ("gen_tokens", gen_tokens, 0), ("repeats", repeats, 1),
-                               *(("prompt_tokens", p, 1) for p in prompt_sizes),
-                               *((("batch_tokens", batch_tokens, 1),) if batch_tokens is not None else ())):
-        if not isinstance(value, int) or value < least:
-            raise ConfigError(f"llama_bench: {name} must be an integer >= {least}, not {value!r}")
-    if not prompt_sizes and not gen_tokens:
-        raise ConfigError("llama_bench: prompt_tokens and gen_tokens are both 0: nothing to measure")
-    if not pathlib.Path(gguf_path).is_file():
-        raise ConfigError(f"llama_bench: no GGUF file {gguf_path}")
-    command = [str((folder or tools_dir()) / "llama-bench"), "-m", str(gguf_path), "-t", str(threads),
-               "-p", ",".join(str(p) for p in prompt_sizes) or "0", "-n", str(gen_tokens), "-r", str(repeats),
-               "-fa", "on" if flash_attn else "off", "-ctk", cache_type, "-ctv", cache_type, "-o", "json"]
-    if batch_tokens is not None:
-        command[-2:-2] = ["-b", str(batch_tokens), "-ub", str(batch_tokens)]
-    done = run_killable(command, timeout_s)
-    try:
-        rows = json.loads(done.stdout)
-    except ValueError:
-        raise ToolError(f"`{shlex.join(command)}` printed no JSON: {_tail(done.stderr)}") from None
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-        raise ToolError(f"`{shlex.join(command)}` printed no rows: {_tail(done.stderr)}")
-    return rows, command
-
-
 def run_killable(command: list[str], timeout_s: float, check: bool = True, **popen) -> subprocess.CompletedProcess:
     """Run ``command`` in its own process group (output captured unless ``popen`` says where). On a
     timeout, an exception or Ctrl-C the whole group is killed before this raises: nothing is left
@@ -423,24 +301,23 @@ def run_killable(command: list[str], timeout_s: float, check: bool = True, **pop
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _, stderr = _kill_group(process)
-        raise ToolError(f"`{shlex.join(command)}` ran past {timeout_s:g} s and was stopped: {_tail(stderr)}") from None
+        raise ToolError(f"`{shlex.join(command)}` ran past {timeout_s:g} s and was stopped: {stderr_tail(stderr)}") from None
     except BaseException:
         _kill_group(process)
         raise
     if check and process.returncode != 0:
         code = process.returncode
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"failed (exit code {code})"
-        raise ToolError(f"`{shlex.join(command)}` {how}: {_tail(stderr)}")
+        raise ToolError(f"`{shlex.join(command)}` {how}: {stderr_tail(stderr)}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def _kill_group(process: subprocess.Popen) -> tuple[str, str]:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+    process_group.stop(process, first=signal.SIGKILL)
     return process.communicate()
 
 
-def _tail(stderr: str, lines: int = 3) -> str:
+def stderr_tail(stderr: str, lines: int = 3) -> str:
     kept = [line.strip() for line in (stderr or "").splitlines() if line.strip()][-lines:]
     return " | ".join(kept) or "no output on stderr"
 
@@ -466,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _OneLineParser(
         prog="python -m trials.engines.llama_cpp.tools",
         description="llama.cpp's llama-bench and llama-server, built from the installed llama-cpp-python's "
-                    f"source with its flags ({FLAGS_FILE.name} or ${CMAKE_ENV_VAR}); cache: ${TOOLS_ENV_VAR} "
+                    f"source with its flags ({build_flags.FLAGS_FILE.name} or ${build_flags.CMAKE_ENV_VAR}); cache: ${TOOLS_ENV_VAR} "
                     f"or {DEFAULT_ROOT}.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help=f"build the tools, or confirm they are built ({BUILD_NOTE})",
@@ -480,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_summary(folder, read_card(folder)))
         return 0
     libs = binding_libs()
-    folder = tools_root() / build_key(binding_version(), cmake_flags(), libs, linked_libraries(libs))
+    folder = tools_root() / build_key(binding_version(), build_flags.cmake_flags(), libs, linked_libraries(libs))
     problem = damage(folder)
     if problem is not None:
         print(f"llama.cpp's tools are not usable in {folder}: {problem} "

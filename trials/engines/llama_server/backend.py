@@ -12,7 +12,6 @@ tokens with the in-process llama.cpp engine's on the same GGUF and cache type.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import json
 import pathlib
 import shlex
@@ -20,9 +19,11 @@ import urllib.request
 from dataclasses import dataclass, replace
 
 from trials.config import TrialConfig
-from trials.engines.llama_cpp import generation, gguf, tools
+from trials.engines.llama_cpp import build_flags, generation, gguf, tools
 from trials.engines.llama_cpp.spec import KV_TYPES, model_refusal
 from trials.engines.llama_server.spec import NAME
+from trials.engines import server_process
+from trials.engines.spec import ServerFacts
 from trials.engines.server_process import (HEALTH_TIMEOUT_S, HOST, Running, ServerError,  # noqa: F401  (the interface)
                                            http_get, serve_process)
 from trials.errors import ConfigError
@@ -141,21 +142,22 @@ def parity(config: TrialConfig, served: Served, running: Running) -> dict[str, f
         alone = replace(alone, speculation="none", draft_model=None, draft_precision=None, num_draft_tokens=0)
     loaded = generation.load(replace(config, stack=alone), served.tokenizer, served.per_slot)
     kwargs = {"kv_bits": config.stack.kv_bits}
-    generation.generate_batch(loaded, served.prompts[:1], 2, TokenTimer(), kwargs)      # warm-up, not timed
-    agreed, identical, ttfts = 0, 0, []
-    for prompt in served.prompts:
-        served_ids = completion_tokens(running, served.prompt_ids[prompt.id], new, served)
-        local = generation.generate_batch(loaded, [prompt], new, TokenTimer(), kwargs)
-        mine = local.output_ids[0]
+    records = []
+
+    def local(prompt, tokens):
+        records.append(generation.generate_batch(loaded, [prompt], tokens, TokenTimer(), kwargs))
+        return records[-1]
+
+    def agreed(served_ids, record):
+        mine = record.output_ids[0]
         same = next((i for i, (a, b) in enumerate(zip(served_ids, mine)) if a != b), min(len(served_ids), len(mine)))
-        agreed += same
-        identical += int(served_ids == mine)
-        ttfts.append(local.ttft_s)
+        return same, served_ids == mine
+
+    measured = server_process.parity(served.prompts, new, lambda prompt: completion_tokens(
+        running, served.prompt_ids[prompt.id], new, served), local, agreed)
     running.notes["kv_bytes_per_token"] = generation.kv_bytes_per_token(loaded, config.stack.kv_bits)
-    running.notes["weights_bytes"] = generation.facts(loaded, local)[0]["weights_bytes"]
-    return {"parity_token_match": agreed / (new * len(served.prompts)),
-            "parity_prompts_identical": identical / len(served.prompts),
-            "in_process_ttft_s_p50": statistics.median(ttfts)}
+    running.notes["weights_bytes"] = generation.facts(loaded, records[-1]).weights_bytes
+    return measured
 
 
 def step_curve(config: TrialConfig, served: Served, threads: int):
@@ -181,24 +183,21 @@ def server_metrics(running: Running) -> dict[str, float]:
     return values
 
 
-def trial_facts(config: TrialConfig, served: Served, running: Running) -> tuple[dict[str, float], dict[str, str]]:
+def trial_facts(config: TrialConfig, served: Served, running: Running) -> ServerFacts:
     """The GGUF and its bytes, the KV cache the server allocated (its context x the cache type's bytes
     per token, computed from ggml block sizes), how long it took to become healthy, its build and the
     command line to reproduce it."""
     stack = config.stack
-    metrics = {"gguf_file_bytes": float(served.path.stat().st_size), "n_ctx": float(served.n_ctx),
-               "context_per_slot": float(served.per_slot), "server_start_s": running.started_s,
-               "server_threads": float(running.threads), "parallel_slots": float(stack.batch_size)}
-    if "kv_bytes_per_token" in running.notes:
-        metrics["kv_cache_allocated_bytes"] = float(served.n_ctx * running.notes["kv_bytes_per_token"])
-        metrics["weights_bytes"] = float(running.notes["weights_bytes"])
+    per_token = running.notes.get("kv_bytes_per_token")            # known once parity ran the same GGUF
     card = tools.read_card(tools.tools_dir(build=False)) or {}
     tags = {"engine": NAME, "gguf_type": stack.precision, "gguf_file": served.card.get("file", served.path.name),
             "gguf_origin": served.card.get("origin", ""), "weights_as_shipped": str(served.card.get("origin") == "shipped"),
             "kv_cache_type": KV_TYPES[stack.kv_bits], "flash_attn": "True",
             "llama_server_build": f"llama-server of llama-cpp-python {card.get('llama_cpp_python') or tools.binding_version()} "
                                   f"({tools.tools_dir(build=False).name})",
-            "llama_cpp_build_flags": " ".join(tools.cmake_flags()),
+            "llama_cpp_build_flags": " ".join(build_flags.cmake_flags()),
             "server_command": user_command(config, served, running.threads),
             "user_code": user_command(config, served, running.threads)}
-    return metrics, tags
+    return ServerFacts(served.n_ctx, served.per_slot, running.notes.get("weights_bytes"),
+                       None if per_token is None else served.n_ctx * per_token,
+                       {"gguf_file_bytes": float(served.path.stat().st_size)}, tags)

@@ -24,7 +24,7 @@ import pathlib
 import tempfile
 import time
 
-from trials.engines.llama_cpp import tools
+from trials.engines.llama_cpp import bench, tools
 from trials.stats.step_time import StepCurve
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def measure(gguf_path: str | os.PathLike, cache_type: str = "f16", threads: int 
     test's relative spread, when."""
     sizes = tuple(prompt_sizes or PROMPT_SIZES)
     repeats = repeats or REPEATS
-    rows, command = tools.llama_bench_rows(gguf_path, threads, sizes, DECODE_TOKENS, repeats, cache_type,
+    rows, command = bench.llama_bench_rows(gguf_path, threads, sizes, DECODE_TOKENS, repeats, cache_type,
                                            flash_attn=True, timeout_s=timeout_s, folder=folder,
                                            batch_tokens=max(sizes))
     samples = samples_from_rows(rows, sizes)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from trials.config import QUANTIZED_WEIGHTS, Stack
+from trials.config import Stack
+from trials.engines.transformers.spec import QUANTIZED
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -71,7 +72,7 @@ class StackArguments:
 
 def compute_precision(precision: str, reference: str) -> str:
     """The precision quantized weights compute in: the model's reference precision."""
-    return reference if precision in QUANTIZED_WEIGHTS else precision
+    return reference if precision in QUANTIZED else precision
 
 
 def load_arguments(precision: str, reference: str) -> dict[str, object]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 from trials.config import TrialConfig
-from trials.engines.spec import BatchRecord, Prepared
+from trials.engines.spec import BatchRecord, ModelFacts, Prepared
 from trials.engines.transformers import compiled, kv_cache, speculation
 from trials.engines.transformers.arguments import ModelTraits, as_code, stack_arguments
 from trials.engines.transformers.materialize import materialize_all
@@ -86,7 +86,7 @@ def generate_batch(loaded: loading.LoadedModel, batch: list[Prompt], new_tokens:
     )
 
 
-def facts(loaded: loading.LoadedModel, record: BatchRecord) -> tuple[dict[str, float], dict[str, str]]:
+def facts(loaded: loading.LoadedModel, record: BatchRecord) -> ModelFacts:
     """What the loop logs about the loaded model: its weight bytes and parameters, the threads torch
     ran on, and the architecture's exact KV bytes for the cache ``record`` ended with (or why not).
 
@@ -96,13 +96,12 @@ def facts(loaded: loading.LoadedModel, record: BatchRecord) -> tuple[dict[str, f
     import torch
 
     model = loaded.model
-    out = {"weights_bytes": model_weights_bytes(model),
-           "num_parameters": sum(p.numel() for p in model.parameters()),
-           "num_threads": float(torch.get_num_threads())}
+    out = ModelFacts(model_weights_bytes(model), sum(p.numel() for p in model.parameters()),
+                     float(torch.get_num_threads()))
     bits = torch.finfo(next(model.parameters()).dtype).bits
     try:
         footprint = kv_footprint(model.config, mla="expanded")
-        out["kv_cache_bytes_exact"] = footprint.held_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits)
-        return out, {}
+        out.kv_cache_bytes_exact = footprint.held_bytes(record.kv_cache_tokens, len(record.prompt_ids), bits)
     except KVFootprintError as exc:
-        return out, {"kv_cache_bytes_exact_missing": str(exc)}
+        out.kv_cache_bytes_exact_missing = str(exc)
+    return out

@@ -20,12 +20,13 @@ import json
 import pathlib
 import shlex
 import shutil
-import statistics
 import sys
 import urllib.request
 from dataclasses import dataclass
 
 from trials.config import TrialConfig
+from trials.engines import server_process
+from trials.engines.spec import ServerFacts
 from trials.engines.server_process import HEALTH_TIMEOUT_S, HOST, Running, ServerError, serve_process  # noqa: F401
 from trials.engines.transformers import backend as in_process
 from trials.engines.transformers_serve.spec import NAME, model_refusal
@@ -172,17 +173,15 @@ def parity(config: TrialConfig, served: Served, running: Running) -> dict[str, f
     new = config.workload.max_new_tokens
     loaded = served.loaded
     prepared = in_process.prepare(config, loaded, served.prompts)        # the stack's generate() keywords
-    in_process.generate_batch(loaded, served.prompts[:1], 2, TokenTimer(), prepared.kwargs)     # warm-up, not timed
-    agreed, identical, ttfts = 0, 0, []
-    for prompt in served.prompts:
-        text, count = completion(running, served, served.request_prompts[prompt.id], new)
-        local = in_process.generate_batch(loaded, [prompt], new, TokenTimer(), prepared.kwargs)
-        agreed += agreed_tokens(loaded.tokenizer, local.output_ids[0], text)
-        identical += int(text == local.texts[0] and count == new)
-        ttfts.append(local.ttft_s)
-    return {"parity_token_match": agreed / (new * len(served.prompts)),
-            "parity_prompts_identical": identical / len(served.prompts),
-            "in_process_ttft_s_p50": statistics.median(ttfts)}
+
+    def agreed(answer, record):
+        text, count = answer
+        return agreed_tokens(loaded.tokenizer, record.output_ids[0], text), text == record.texts[0] and count == new
+
+    return server_process.parity(
+        served.prompts, new, lambda prompt: completion(running, served, served.request_prompts[prompt.id], new),
+        lambda prompt, tokens: in_process.generate_batch(loaded, [prompt], tokens, TokenTimer(), prepared.kwargs),
+        agreed)
 
 
 def server_metrics(running: Running) -> dict[str, float]:
@@ -190,7 +189,7 @@ def server_metrics(running: Running) -> dict[str, float]:
     return {}
 
 
-def trial_facts(config: TrialConfig, served: Served, running: Running) -> tuple[dict[str, float], dict[str, str]]:
+def trial_facts(config: TrialConfig, served: Served, running: Running) -> ServerFacts:
     """The weights' bytes, the KV cache the server was sized to hold (``batch_size`` sequences of
     ``per_slot`` tokens at the weights' dtype, every layer as full attention: transformers' own
     capacity target, which it rounds up to whole sectors), how long it took to become healthy, its
@@ -198,17 +197,15 @@ def trial_facts(config: TrialConfig, served: Served, running: Running) -> tuple[
     import transformers
 
     stack, model = config.stack, served.loaded.model
-    metrics = {"context_per_slot": float(served.per_slot), "n_ctx": float(served.per_slot * stack.batch_size),
-               "server_start_s": running.started_s, "server_threads": float(running.threads),
-               "parallel_slots": float(stack.batch_size), "weights_bytes": float(model_weights_bytes(model))}
-    tags = {"engine": NAME, "served_dtype": dtype_name(stack.precision),
+    facts = ServerFacts(served.per_slot * stack.batch_size, served.per_slot, float(model_weights_bytes(model)))
+    facts.tags = tags = {"engine": NAME, "served_dtype": dtype_name(stack.precision),
             "transformers_serve_version": f"transformers serve of transformers {transformers.__version__}",
             "server_command": user_command(config, served, running.threads),
             "user_code": user_command(config, served, running.threads)}
     try:
         bits = DTYPES[stack.precision].itemsize * 8
         per_token = kv_footprint(model.config, mla="expanded").bytes_per_token_uncapped(bits)
-        metrics["kv_cache_allocated_bytes"] = float(served.per_slot * stack.batch_size * per_token)
+        facts.kv_cache_allocated_bytes = float(served.per_slot * stack.batch_size * per_token)
     except KVFootprintError as exc:
         tags["kv_cache_bytes_exact_missing"] = str(exc)
-    return metrics, tags
+    return facts

@@ -51,7 +51,7 @@ from trials.measurement.kv_footprint import KVFootprintError, kv_footprint
 from trials.models import loading
 from trials.prompts import Prompt
 from trials.measurement.bandwidth import memory_bandwidth
-from trials.stats.theory import roofline_tok_per_s
+from trials.stats.theory import roofline_metrics
 from trials.worker import WORKER
 
 REUSE_MARK = "#"
@@ -313,9 +313,7 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
     step_bytes, step_source = decode_bytes_per_step(
         loaded, batch, prompt_tokens, new_tokens, max(b.kv_cache_bytes for b in measured.repeats[0]))
     extra = {**memory, **matched, "prompt_tokens": float(prompt_tokens),
-             "distinct_prompts": float(len(prompts)), "memory_bandwidth_bytes_per_s": bandwidth,
-             "decode_bytes_per_step": step_bytes,
-             "roofline_tok_per_s": roofline_tok_per_s(batch, bandwidth, step_bytes)}
+             "distinct_prompts": float(len(prompts))}
     tags = {"batch1_reference": source, "roofline_kv_source": step_source,
             "bandwidth_source": bandwidth_source, "user_code": engines.backend(config.stack).prepare(config, loaded, prompts).code,
             "prompt_rule": f"every prompt cut to {prompt_tokens} tokens (the shortest), end kept; "
@@ -323,7 +321,7 @@ def run_batching(config: TrialConfig, runtime: Runtime) -> TrialResult:
     result = finish(config, runtime, loaded, measured, extra, tags,
                     raw={"rows_not_matching_batch1": mismatched})
     metrics = result.metrics
-    metrics["roofline_ratio"] = metrics["tok_per_s"] / metrics["roofline_tok_per_s"]
+    metrics.update(roofline_metrics(metrics["tok_per_s"], batch, bandwidth, step_bytes))
     metrics["peak_memory_ratio"] = metrics["peak_memory_bytes"] / predicted.total_bytes
     overrun = _overrun(metrics["peak_memory_bytes"], budgets, batch)
     if overrun:

@@ -17,9 +17,9 @@ healthy first, stopped and checked gone after), sends the warm-up requests, then
    that does not fit in the time the sweep gave the trial ends the search: a lower bound.
 
 Every point is kept in the run's artifact (its requests' timelines) and as ``c1_*`` / ``p{i}_*``
-metrics; the predicted p95 ITL is logged beside the measured one at every probe, from the step curve
-plus what the server adds to each step beyond llama-bench's compute (its single stream's median ITL
-less the curve's one-token step: ``server_step_overhead_s``).
+metrics (``trials.measurement.point_names``); the predicted p95 ITL is logged beside the measured one
+at every probe, from the step curve plus what the server adds to each step beyond llama-bench's
+compute (its single stream's median ITL less the curve's one-token step: ``server_step_overhead_s``).
 """
 
 from __future__ import annotations
@@ -33,46 +33,35 @@ from trials import engines
 from trials.config import Runtime, TrialConfig
 from trials.loop import TrialResult, model_tags
 from trials.measurement.environment import environment_tags
-from trials.measurement.load import STOPPED, poisson_arrivals, run_point
+from trials.measurement import point_names
+from trials.measurement.load import poisson_arrivals, run_point
+from trials.measurement.point_names import Point
 from trials.measurement.neighbours import NOISY_CORES, outside_trial
 from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
 from trials.stats.capacity import Capacity, Probe, attainment_interval, find_capacity
-from trials.stats.serving import Slo, meets, summarize
+from trials.stats.serving import Slo, meets
 from trials.techniques.capacity.spec import start_rps
-from trials.techniques.serving.runner import POINT_TIMEOUT_S, LoadFailed, _requests
+from trials.techniques.serving.runner import POINT_TIMEOUT_S, Ladder, _requests
 
 log = logging.getLogger(__name__)
 STOP_MARGIN_S = 15            # kept back from the trial's time limit: stopping the server, logging
 DEFAULT_STEP_TOKENS = 2048    # llama-server's -b when none is given
 
 
-class Points:
-    """The points of one trial, in order (kept whatever happens), as the artifact and metrics say them."""
+class Points(Ladder):
+    """The serving ladder's points (each kept whatever happens), measured as probes: each point also
+    says which of its kept requests met both limits, and the artifact lists the probes."""
 
-    def __init__(self, config: TrialConfig, served, url: str, body: dict, ends_with_done: bool):
-        self.config, self.served, self.url, self.body, self.ends_with_done = config, served, url, body, ends_with_done
-        self.slo = Slo(config.load.ttft_slo_s, config.load.tpot_slo_s)
-        self.points: list[tuple[str, dict, object]] = []
-
-    def run(self, prefix: str, *, arrivals=None, concurrency=None, count: int, warmup: int = 0, offset: int = 0,
-            stop=None):
+    def measure(self, point: Point, *, arrivals=None, concurrency=None, count: int, warmup: int = 0,
+                offset: int = 0, stop=None) -> tuple[dict, list[bool]]:
         """One point; returns (its summary, whether each kept request met both limits)."""
-        requests = _requests(self.served, count, self.config.workload.max_new_tokens, offset)
-        run = run_point(self.url, requests, arrivals=arrivals, concurrency=concurrency, timeout_s=POINT_TIMEOUT_S,
-                        body=self.body, ends_with_done=self.ends_with_done, stop=stop)
-        summary = summarize(run, self.slo, warmup=warmup)
-        self.points.append((prefix, summary, run))
-        failed = [r.error for r in run.records if r.error and not r.error.startswith(STOPPED)]
-        if failed:
-            raise LoadFailed(f"{len(failed)} of {len(run.records)} requests failed at {prefix.rstrip('_')}: {failed[0]}")
-        kept = sorted(run.records, key=lambda r: r.sent_s)[warmup:]
+        summary = self.point(point, arrivals=arrivals, concurrency=concurrency, count=count, offset=offset,
+                             warmup=warmup, stop=stop)
+        kept = sorted(self.points[-1][2].records, key=lambda r: r.sent_s)[warmup:]
         return summary, [meets(r, self.slo) for r in kept]
 
     def artifact(self, probes: list[Probe]) -> dict:
-        return {"points": [{"point": prefix.rstrip("_"), "summary": summary, "mode": run.mode,
-                            "offered_rps": run.offered_rps, "concurrency": run.concurrency,
-                            "requests": [r.to_dict() for r in run.records]} for prefix, summary, run in self.points],
-                "probes": [p.to_dict() for p in probes]}
+        return {**super().artifact(), "probes": [p.to_dict() for p in probes]}
 
 
 def _prediction(config: TrialConfig, served, threads: int):
@@ -128,37 +117,37 @@ class Search:
     def probe(self, rate: float) -> Probe:
         load = self.config.load
         self.probes += 1
-        index, name = self.probes, f"p{self.probes}"
+        index = self.probes
+        point = point_names.probe(index)
         for attempt in (1, 2):
             arrivals = poisson_arrivals(rate, load.warmup + load.requests, seed=self.config.seed + 100 * index + attempt)
             stop = Decided(self.points.slo, load, arrivals)
             with outside_trial(self.sweep_pids) as outside:
-                summary, met = self.points.run(f"{name}_" if attempt == 1 else f"{name}r_", arrivals=arrivals,
-                                               count=load.warmup + load.requests, warmup=load.warmup, offset=index,
-                                               stop=stop)
+                summary, met = self.points.measure(point if attempt == 1 else point_names.probe(index, repeat=True),
+                                                   arrivals=arrivals, count=load.warmup + load.requests,
+                                                   warmup=load.warmup, offset=index, stop=stop)
             cores = outside.outside_cpu_cores
             if attempt == 1 and cores is not None and cores > NOISY_CORES:
-                log.info("capacity probe %s at %.3g req/s: %.2f cores taken outside the trial: run again", name, rate, cores)
+                log.info("capacity probe %s at %.3g req/s: %.2f cores taken outside the trial: run again",
+                         point.name, rate, cores)
                 continue
             break
         share, low, high = attainment_interval(met, seed=self.config.seed + index)
         if stop.misses is not None:      # stopped early: at most this share could have met the limits
             share, low, high = 1 - stop.misses / load.requests, sum(met) / load.requests, 1 - stop.misses / load.requests
         passed = share >= load.attainment
-        probe = Probe(rate, share, low, high, passed, name, repeated=attempt == 2,
+        probe = Probe(rate, share, low, high, passed, point.name, repeated=attempt == 2,
                       outside_cpu_cores=math.nan if cores is None else cores, stopped=stop.misses is not None)
         predicted = _predict_itl(self.curve, self.config, self.prompt, rate) if self.curve is not None else math.nan
-        self.metrics.update({f"{name}_offered_rps": rate, f"{name}_slo_attainment": share,
-                             f"{name}_slo_attainment_low": low, f"{name}_slo_attainment_high": high,
-                             f"{name}_passed": float(passed), f"{name}_repeated": float(attempt == 2),
-                             f"{name}_stopped_early": float(probe.stopped),
-                             f"{name}_outside_cpu_cores": probe.outside_cpu_cores,
-                             f"{name}_itl_s_p95_predicted": predicted,
-                             **{f"{name}_{k}": summary[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95",
-                                                                     "output_tok_per_s", "achieved_rps")
-                                if k in summary}})
+        measured = {"offered_rps": rate, "slo_attainment": share, "slo_attainment_low": low,
+                    "slo_attainment_high": high, "passed": float(passed), "repeated": float(attempt == 2),
+                    "stopped_early": float(probe.stopped), "outside_cpu_cores": probe.outside_cpu_cores,
+                    "itl_s_p95_predicted": predicted,
+                    **{k: summary[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95", "output_tok_per_s",
+                                               "achieved_rps") if k in summary}}
+        self.metrics.update({point.metric(k): v for k, v in measured.items()})
         self.summaries[rate] = summary
-        log.info("capacity %s %s at %.3g req/s: %.0f %% within the SLO (%s)", self.config.stack.label, name, rate,
+        log.info("capacity %s %s at %.3g req/s: %.0f %% within the SLO (%s)", self.config.stack.label, point.name, rate,
                  100 * share, "passes" if passed else "misses")
         return probe
 
@@ -210,7 +199,7 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
             if load.warmup:
                 run_point(running.url, _requests(served, load.warmup, config.workload.max_new_tokens),
                           concurrency=1, timeout_s=POINT_TIMEOUT_S, body=points.body, ends_with_done=points.ends_with_done)
-            single, met = points.run("c1_", concurrency=1, count=load.requests)
+            single, met = points.measure(point_names.SINGLE, concurrency=1, count=load.requests)
             if curve is not None:       # what the server adds to each step, from its own single stream
                 overhead = max(0.0, single["itl_s_p50"] - curve.seconds(1))
                 metrics["server_step_overhead_s"] = overhead
@@ -227,17 +216,16 @@ def run_capacity_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
                     time_left=lambda: limit - (time.perf_counter() - began) - STOP_MARGIN_S,
                     probe_seconds=lambda rate: count / rate + request_s)
             metrics["peak_memory_bytes"] = float(memory.peak_bytes)
-            facts, facts_tags = backend.trial_facts(config, served, running)
+            facts = backend.trial_facts(config, served, running)
     except Exception as exc:
         line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         kept = points.artifact([]) if points is not None else {}
         return TrialResult(config, "FAILED", metrics={**metrics, **(search.metrics if search else {})},
                            tags={**tags, "failure": "capacity"}, raw=kept, error=f"{type(exc).__name__}: {line}"[:500])
-    metrics.update({k: v for k, v in facts.items() if k in ("gguf_file_bytes", "n_ctx", "context_per_slot",
-                                                             "server_start_s")})
-    tags.update({k: v for k, v in facts_tags.items() if k not in ("server_command", "user_code")})
+    metrics.update(facts.logged(stack, running))
+    tags.update({k: v for k, v in facts.tags.items() if k not in ("server_command", "user_code")})
     metrics.update(search.metrics)
-    metrics.update({f"c1_{k}": single[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95", "itl_s_p50", "achieved_rps",
+    metrics.update({point_names.SINGLE.metric(k): single[k] for k in ("ttft_s_p95", "tpot_s_p95", "itl_s_p95", "itl_s_p50", "achieved_rps",
                                                    "e2e_s_p50", "output_tok_per_s") if k in single})
     metrics["single_stream_rps"] = single["achieved_rps"]
     ttft_ratio, tpot_ratio = _ratios(single, slo)

@@ -21,7 +21,7 @@ from trials.measurement import quality
 from trials.measurement.bandwidth import memory_bandwidth
 from trials.models import loading
 from trials.models.registry import perplexity_method, reference_precision
-from trials.stats.theory import decode_step_bytes, roofline_tok_per_s
+from trials.stats.theory import decode_step_bytes, roofline_metrics
 
 
 def _is_reference(config: TrialConfig) -> bool:
@@ -90,10 +90,7 @@ def _roofline(config: TrialConfig, m: dict[str, float]) -> tuple[dict[str, float
     bandwidth, source = memory_bandwidth(config.device, config.config_hash)
     per_token = m["kv_cache_bytes"] / m["kv_cache_tokens"] if m.get("kv_cache_tokens") else 0.0
     step = decode_step_bytes(m["weights_bytes"], per_token, m["prompt_tokens_mean"] + config.workload.max_new_tokens / 2)
-    bound = roofline_tok_per_s(1, bandwidth, step)
-    return ({"memory_bandwidth_bytes_per_s": bandwidth, "decode_bytes_per_step": step,
-             "roofline_tok_per_s": bound, "roofline_ratio": m["tok_per_s"] / bound},
-            {"bandwidth_source": source})
+    return roofline_metrics(m["tok_per_s"], 1, bandwidth, step), {"bandwidth_source": source}
 
 
 def _quality(config: TrialConfig, backend, loaded) -> tuple[dict[str, float], dict[str, str]]:

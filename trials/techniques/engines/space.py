@@ -22,17 +22,21 @@ from trials.techniques.engines.spec import NAME
 log = logging.getLogger(__name__)
 
 
-def engine_stacks(engine, entry, settings: dict, device: str) -> list[Stack]:
-    """One engine's stacks for one model: weights, then caches and prompt lookup on its base."""
+def engine_stacks(engine, entry, settings: dict, device: str, profile: str = "default") -> list[Stack]:
+    """One engine's stacks for one model: weights, then caches and prompt lookup on its base. The
+    weights and caches beyond its base are its own (``Engine.levels``) unless the profile or the
+    sweep file names them (``weights``, ``caches``: every engine's names in one list)."""
     from trials.techniques.kv_cache.space import kv_group_size
 
     base = engine.base(device)
     shipped = engine.shipped(entry)
-    weights = [w for w in (shipped, base, *settings["weights"]) if w in engine.precisions]
+    chosen = engine.levels_for(profile, "weights", settings.get("weights"))
+    weights = [w for w in (shipped, base, *chosen) if w in engine.precisions]
     stacks = [Stack(engine=engine.name, precision=w) for w in dict.fromkeys(weights)]
-    for bits, backend in (parse_cache(name) for name in settings["caches"]):
-        if backend not in engine.kv_caches:
+    for parsed in (parse_cache(name) for name in engine.levels_for(profile, "caches", settings.get("caches"))):
+        if parsed is None or parsed[1] not in engine.kv_caches:
             continue
+        bits, backend = parsed
         group = {"kv_group_size": kv_group_size(entry)} if engine.cache_group_size else {}
         stack = Stack(engine=engine.name, precision=base, kv_bits=bits, kv_backend=backend, **group)
         refused = engine.model_refusal(entry.name, model_config(entry), stack)
@@ -60,5 +64,5 @@ def plan(models: list[str], profile, device: str,
         workload = planning.workload(settings, eval_windows=settings.get("eval_windows", 0))
         configs += [planning.config(catalogue, NAME, entry, stack, device=device, workload=workload,
                                     repeats=settings["repeats"])
-                    for engine in here for stack in engine_stacks(engine, entry, settings, device)]
+                    for engine in here for stack in engine_stacks(engine, entry, settings, device, profile.base)]
     return configs

@@ -47,7 +47,8 @@ SPEC = Technique(
     section="dashboard.sections.engines",
     reference="the default engine at the model's reference precision on the same prompt token ids, once "
               "per worker, model and workload (tag reference_source)",
-    profile_keys={"weights": ProfileKey("weight", many=True), "caches": ProfileKey("cache", many=True),
+    profile_keys={"weights": ProfileKey("weight", many=True, optional=True),        # else each engine's own
+                  "caches": ProfileKey("cache", many=True, optional=True),         # (``Engine.levels``)
                   "lookup_k": ProfileKey("int", low=1, high=64),
                   "eval_windows": ProfileKey("int", low=1, high=100_000, optional=True),
                   "engines": ProfileKey("engine", many=True, optional=True)},

@@ -30,9 +30,11 @@ from trials.measurement.bandwidth import memory_bandwidth
 from trials.measurement.cost import usd_per_million_tokens
 from trials.measurement.environment import environment_tags
 from trials.measurement.process_memory import METHOD as MEMORY_METHOD, ProcessMemory
-from trials.measurement.load import PointRun, Request, poisson_arrivals, run_point
+from trials.measurement import point_names
+from trials.measurement.load import STOPPED, PointRun, Request, poisson_arrivals, run_point
+from trials.measurement.point_names import Point
 from trials.stats.serving import Slo, saturation_rps, summarize, sustainable
-from trials.stats.theory import decode_step_bytes, roofline_tok_per_s
+from trials.stats.theory import decode_step_bytes, roofline_metrics
 
 log = logging.getLogger(__name__)
 POINT_TIMEOUT_S = 600             # one point; a server slower than this on 20 requests is broken
@@ -55,19 +57,22 @@ class Ladder:
         self.config, self.served, self.url, self.body = config, served, url, body
         self.ends_with_done = ends_with_done
         self.slo = Slo(config.load.ttft_slo_s, config.load.tpot_slo_s)
-        self.points: list[tuple[str, dict, PointRun]] = []       # (prefix, summary, run)
+        self.points: list[tuple[Point, dict, PointRun]] = []     # (point, summary, run)
 
-    def point(self, prefix: str, *, arrivals=None, concurrency=None, count: int, offset: int = 0) -> dict:
+    def point(self, point: Point, *, arrivals=None, concurrency=None, count: int, offset: int = 0,
+              warmup: int = 0, stop=None) -> dict:
+        """One point of ``count`` requests (its first ``warmup`` left out of the summary), kept whatever
+        happens; ``LoadFailed`` if a request failed (one that ``stop`` cut short did not)."""
         requests = _requests(self.served, count, self.config.workload.max_new_tokens, offset)
-        run = run_point(self.url, requests, arrivals=arrivals, concurrency=concurrency,
-                        timeout_s=POINT_TIMEOUT_S, body=self.body, ends_with_done=self.ends_with_done)
-        summary = summarize(run, self.slo)
-        self.points.append((prefix, summary, run))
-        failed = [r.error for r in run.records if r.error]
+        run = run_point(self.url, requests, arrivals=arrivals, concurrency=concurrency, timeout_s=POINT_TIMEOUT_S,
+                        body=self.body, ends_with_done=self.ends_with_done, stop=stop)
+        summary = summarize(run, self.slo, warmup=warmup)
+        self.points.append((point, summary, run))
+        failed = [r.error for r in run.records if r.error and not r.error.startswith(STOPPED)]
         if failed:
-            raise LoadFailed(f"{len(failed)} of {len(run.records)} requests failed at {prefix.rstrip('_')}: {failed[0]}")
-        log.info("serving %s %s: %.2f req/s achieved, p95 TTFT %.3f s", self.config.stack.label, prefix.rstrip("_"),
-                 summary["achieved_rps"], summary["ttft_s_p95"])
+            raise LoadFailed(f"{len(failed)} of {len(run.records)} requests failed at {point.name}: {failed[0]}")
+        log.info("%s %s %s: %.2f req/s achieved, p95 TTFT %.3f s", self.config.group, self.config.stack.label,
+                 point.name, summary["achieved_rps"], summary["ttft_s_p95"])
         return summary
 
     def run(self) -> float:
@@ -76,23 +81,23 @@ class Ladder:
         if load.warmup:
             run_point(self.url, _requests(self.served, load.warmup, self.config.workload.max_new_tokens),
                       concurrency=1, timeout_s=POINT_TIMEOUT_S, body=self.body, ends_with_done=self.ends_with_done)
-        single = self.point("c1_", concurrency=1, count=load.requests)["achieved_rps"]
+        single = self.point(point_names.SINGLE, concurrency=1, count=load.requests)["achieved_rps"]
         for level in (c for c in load.concurrency if c != 1):
-            self.point(f"c{level}_", concurrency=level, count=load.requests)
+            self.point(point_names.concurrency(level), concurrency=level, count=load.requests)
         for i, multiple in enumerate(load.rates, start=1):
             arrivals = poisson_arrivals(multiple * single, load.requests, seed=self.config.seed + i)
-            summary = self.point(f"r{i}_", arrivals=arrivals, count=load.requests, offset=i)
+            summary = self.point(point_names.rate(i), arrivals=arrivals, count=load.requests, offset=i)
             summary["rate_multiple"] = multiple
         return single
 
     def metrics(self) -> dict[str, float]:
-        out = {f"{prefix}{name}": float(value) for prefix, summary, _ in self.points
+        out = {point.metric(name): float(value) for point, summary, _ in self.points
                for name, value in summary.items() if value is not None}
-        rates = [s for prefix, s, _ in self.points if prefix.startswith("r")]
+        rates = [s for point, s, _ in self.points if point.kind == point_names.RATE]
         if rates:
             out["saturation_rps"] = saturation_rps(rates) or 0.0
             at = [s for s in rates if s["offered_rps"] == out["saturation_rps"]]
-            singles = [s for prefix, s, _ in self.points if prefix == "c1_"]
+            singles = [s for point, s, _ in self.points if point == point_names.SINGLE]
             out["saturation_output_tok_per_s"] = (at or singles or rates)[0]["output_tok_per_s"]
             best = sustainable(rates, self.slo)
             out["sustainable_rps"] = best["achieved_rps"] if best else 0.0
@@ -110,10 +115,10 @@ class Ladder:
         return out
 
     def artifact(self) -> dict:
-        return {"points": [{"point": prefix.rstrip("_"), "summary": summary, "mode": run.mode,
+        return {"points": [{"point": point.name, "summary": summary, "mode": run.mode,
                             "offered_rps": run.offered_rps, "concurrency": run.concurrency,
                             "requests": [r.to_dict() for r in run.records]}
-                           for prefix, summary, run in self.points]}
+                           for point, summary, run in self.points]}
 
 
 def _counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -143,9 +148,7 @@ def _roofline(config: TrialConfig, metrics: dict, ladder: Ladder) -> dict[str, s
     context = sum(prompts) / len(prompts) + config.workload.max_new_tokens / 2
     step = decode_step_bytes(weights, cache / n_ctx, context, rows=slots)
     bandwidth, source = memory_bandwidth(config.device, config.config_hash)
-    metrics.update(memory_bandwidth_bytes_per_s=bandwidth, decode_bytes_per_step=step,
-                   roofline_output_tok_per_s=roofline_tok_per_s(slots, bandwidth, step))
-    metrics["roofline_ratio"] = metrics["output_tok_per_s_max"] / metrics["roofline_output_tok_per_s"]
+    metrics.update(roofline_metrics(metrics["output_tok_per_s_max"], slots, bandwidth, step))
     return {"bandwidth_source": source}
 
 
@@ -168,17 +171,18 @@ def run_serving_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
             metrics.update(_counter_deltas(before, backend.server_metrics(running)))
             metrics["peak_memory_bytes"] = float(memory.peak_bytes)       # under load, before parity
             metrics.update(backend.parity(config, served, running))
-            facts, facts_tags = backend.trial_facts(config, served, running)
+            facts = backend.trial_facts(config, served, running)
+            metrics.update(facts.logged(config.stack, running))
     except Exception as exc:
         kept = ladder.artifact() if ladder is not None else {}
         line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return TrialResult(config, "FAILED", metrics=ladder.metrics() if ladder and ladder.points else {},
                            tags={**tags, "failure": "serving"}, raw=kept, error=f"{type(exc).__name__}: {line}"[:500])
-    metrics.update(facts)
     metrics.update(ladder.metrics())
-    if metrics.get("c1_ttft_s_p50") and metrics.get("in_process_ttft_s_p50"):
+    single_ttft = metrics.get(point_names.SINGLE.metric("ttft_s_p50"))
+    if single_ttft and metrics.get("in_process_ttft_s_p50"):
         # one request at a time through the server's HTTP and queue vs the same weights in-process
-        metrics["ttft_served_vs_in_process"] = metrics["c1_ttft_s_p50"] / metrics["in_process_ttft_s_p50"]
+        metrics["ttft_served_vs_in_process"] = single_ttft / metrics["in_process_ttft_s_p50"]
     tags.update(_roofline(config, metrics, ladder))
     metrics["trial_wall_s"] = time.perf_counter() - began
     metrics["cores_held"] = float(threads)
@@ -186,7 +190,7 @@ def run_serving_trial(config: TrialConfig, runtime: Runtime) -> TrialResult:
     if price is not None and metrics.get("saturation_output_tok_per_s"):     # at the highest rate it keeps up with
         metrics["price_per_hour_usd"] = float(price)
         metrics["usd_per_million_output_tokens"] = usd_per_million_tokens(price, metrics["saturation_output_tok_per_s"])
-    tags.update(facts_tags)
+    tags.update(facts.tags)
     tags.update(load_mode="warm-up, single stream, closed-loop concurrency levels, then seeded Poisson arrivals at "
                           "multiples of the single-stream rate; streaming /v1/completions from one asyncio client")
     return TrialResult(config, "FINISHED", metrics=metrics, tags=tags, raw=ladder.artifact())

@@ -25,6 +25,7 @@ from trials import engines
 from trials.config import Stack, TrialConfig, parse_cache
 from trials.errors import ConfigError
 from trials.models.registry import BUILT_IN, Catalogue
+from trials.stats.runs import latest
 from trials.techniques import planning
 from trials.techniques.kv_cache.space import kv_group_size, plan_time_refusal
 from trials.techniques.stacks.spec import NAME
@@ -49,7 +50,7 @@ def best_draft_k(model: str, draft: str, runs, default: int) -> tuple[int, str]:
     if frame is not None and not frame.empty and columns <= set(frame):
         mine = frame[(frame["model"] == model) & (frame["draft_model"] == draft)]
         if not mine.empty:
-            mine = mine.sort_values("start_time").drop_duplicates("num_draft_tokens", keep="last")
+            mine = latest(mine, "num_draft_tokens")
             best = mine.loc[mine["tok_per_s"].idxmax()]
             return int(best["num_draft_tokens"]), (f"the best of k={sorted(int(k) for k in mine['num_draft_tokens'])} "
                                                    f"in the store's speculative runs")
