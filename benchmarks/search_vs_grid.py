@@ -50,7 +50,7 @@ def compare(grid: pd.DataFrame, search: pd.DataFrame) -> list[dict]:
         so_far = searched["capacity_rps"].cummax().tolist() if not searched.empty else []
         reached = next((i for i, value in enumerate(so_far, start=1) if value >= bar), None)
         rows.append({"model": model, "grid_trials": len(ran), "grid_best_rps": float(best["capacity_rps"]),
-                     "grid_best_low": float(low), "grid_best_stack": best["stack"],
+                     "grid_best_low": float(low), "grid_best_stack": best["stack"], "bar": float(bar),
                      "search_trials": len(searched), "search_best_rps": max(so_far, default=0.0),
                      "search_best_stack": searched.loc[searched["capacity_rps"].idxmax(), "stack"] if so_far else "",
                      "trials_to_reach": reached,
@@ -72,22 +72,19 @@ def replay(grid: pd.DataFrame, seeds: int) -> list[dict]:
         knobs = {name: list(dict.fromkeys(p[name] for p in points)) for name in (points[0] if points else {})}
         measured = {_key(p): {METRIC: m, **q} for p, m, q in zip(points, margins, ratios)}
         best = compare(ran, pd.DataFrame())[0]
-        bar = best["grid_best_low"] if best["grid_best_low"] > 0 else best["grid_best_rps"]
-        bar = min(bar, best["grid_best_rps"])
         reached = []
         for seed in range(seeds):
             searcher = CapacitySearcher(knobs, lambda k, i: {"knobs": k, "search_index": i},
                                         max_trials=len(measured), seed=seed)
-            so_far, n = -float("inf"), 0
+            n, found = 0, None
             while (config := searcher.suggest(f"t{n}")) != CapacitySearcher.FINISHED:
                 result = measured.get(_key(config["knobs"]))
+                searcher.on_trial_complete(f"t{n}", result, error=result is None)
                 n += 1
-                searcher.on_trial_complete(f"t{n - 1}", result, error=result is None)
-                feasible = result is not None and all(result.get(r, 0) <= 1 for r in ("ttft_ratio", "tpot_ratio"))
-                so_far = max(so_far, result[METRIC] if feasible else -float("inf"))
-                if so_far >= bar:
+                found = searcher.best()                 # the best feasible point so far
+                if found is not None and found.slo_margin >= best["bar"]:
                     break
-            reached.append(n if so_far >= bar else None)
+            reached.append(n if found is not None and found.slo_margin >= best["bar"] else None)
         done = sorted(r for r in reached if r)
         rows.append({**best, "replays": seeds, "grid_points": len(measured), "trials_to_reach": reached,
                      "median_to_reach": done[len(done) // 2] if len(done) == seeds else None})

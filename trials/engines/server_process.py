@@ -16,6 +16,7 @@ import os
 import pathlib
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -171,8 +172,6 @@ def parity(prompts, new_tokens: int, served, local, agreed) -> dict[str, float]:
     of positions that agree; ``parity_prompts_identical``: the share of prompts whose output is the
     same (1.0: the in-process groups' quality numbers carry over); ``in_process_ttft_s_p50``: the
     in-process time to first token on the same prompts, one at a time, to set beside the served one."""
-    import statistics
-
     local(prompts[0], 2)                                       # warm-up, not timed
     matched, identical, ttfts, record = 0, 0, [], None
     for prompt in prompts:

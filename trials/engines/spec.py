@@ -73,7 +73,7 @@ class Engine:
     #                                             per profile ("quick", "full"; "default": any other) what the
     #                                             engines group compares on it beyond its base and shipped
     #                                             weights: {"weights": (...), "caches": ("ggml8", ...)}; a
-    #                                             profile's or sweep file's list replaces them (``levels_for``)
+    #                                             profile's or sweep file's list replaces them
     machine_setup: tuple[str, ...] = ()         # ``python -m`` and its arguments: what its trials need built on
     #                                             this machine (llama.cpp's tools), which a local sweep builds
     #                                             beside its first trials (sweeps.setup_beside); its trials wait
@@ -127,13 +127,9 @@ class Engine:
         shipped = self.shipped(entry)
         return shipped if shipped in self.four_bit else (self.four_bit[0] if self.four_bit else None)
 
-    def levels_for(self, profile: str, knob: str, chosen=None) -> tuple[str, ...]:
-        """Its choices of ``knob`` under ``profile`` (a built-in profile's name): ``chosen`` (a profile's
-        or sweep file's list, any engine's names) where given, the ones this engine has, else its own."""
-        if chosen is not None:
-            mine = ((lambda name: name in self.precisions) if knob == "weights"
-                    else (lambda name: name == "full" or name.rstrip("0123456789") in self.kv_caches))
-            return tuple(name for name in chosen if mine(name))
+    def levels_for(self, profile: str, knob: str) -> tuple[str, ...]:
+        """Its own choices of ``knob`` (``weights``, ``caches``) under ``profile`` (a built-in profile's
+        name), else under ``default``."""
         own = self.levels.get(profile) or self.levels.get("default") or {}
         return tuple(own.get(knob, ()))
 

@@ -12,6 +12,7 @@ measured so far (warm-started from the store); ``--search grid`` runs this space
 from __future__ import annotations
 
 from trials import engines
+from trials.stats.capacity import Probe, find_capacity
 from trials.techniques.serving.spec import batched_speedup
 from trials.techniques.spec import ProfileKey, Technique
 
@@ -50,8 +51,6 @@ def probe_rates(single_rps: float, slots: int) -> list[tuple[float, bool]]:
     """The rates a typical search probes, each with whether it passes (the budget's estimate): the
     search's own walk (``find_capacity``) to a capacity of ``TYPICAL_CAPACITY`` x the single-stream
     rate."""
-    from trials.stats.capacity import Probe, find_capacity
-
     bar = TYPICAL_CAPACITY * single_rps
     found = find_capacity(lambda rate: Probe(rate, float(rate <= bar), 0.0, 1.0, rate <= bar),
                           start_rps(single_rps, slots))

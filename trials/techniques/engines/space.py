@@ -30,10 +30,13 @@ def engine_stacks(engine, entry, settings: dict, device: str, profile: str = "de
 
     base = engine.base(device)
     shipped = engine.shipped(entry)
-    chosen = engine.levels_for(profile, "weights", settings.get("weights"))
-    weights = [w for w in (shipped, base, *chosen) if w in engine.precisions]
+    def chosen(knob: str) -> tuple[str, ...]:           # the profile's list (every engine's names), else its own
+        given = settings.get(knob)
+        return tuple(given) if given is not None else engine.levels_for(profile, knob)
+
+    weights = [w for w in (shipped, base, *chosen("weights")) if w in engine.precisions]
     stacks = [Stack(engine=engine.name, precision=w) for w in dict.fromkeys(weights)]
-    for parsed in (parse_cache(name) for name in engine.levels_for(profile, "caches", settings.get("caches"))):
+    for parsed in (parse_cache(name) for name in chosen("caches")):
         if parsed is None or parsed[1] not in engine.kv_caches:
             continue
         bits, backend = parsed
