@@ -50,6 +50,7 @@ import math
 import os
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -62,7 +63,7 @@ from trials.errors import ConfigError
 from trials.models import pypi, zoo
 from trials.models.registry import ModelEntry, reference_precision
 from trials.prompts import workload_prompts
-from trials.worker import WORKER
+from trials.worker import WORKER, model_cache_size
 
 log = logging.getLogger("sweeps.budget")
 
@@ -86,11 +87,15 @@ WARMUP_TOKENS = 2                 # trials.loop.WARMUP_TOKENS
 MIN_NEW_TOKENS = 16
 MIN_NEW_TOKENS_EMULATED = 8
 MIN_REPEATS = 3                   # a profile may ask for fewer (a deterministic byte count needs no more)
-TRIAL_OVERHEAD_S = 2.0            # Ray's per-trial overhead with reused actors, plus bookkeeping
+TRIAL_OVERHEAD_S = 0.5            # Ray's per-trial overhead with reused actors, plus bookkeeping
 # On one CPU thread a decode step at batch b costs ~(1 + growth (b - 1)) steps at batch 1 for the
 # zoo's models; `llm-report` prints the growth each model showed in a store's
 # batching runs (README, "Why the sizes").
 BATCH_STEP_GROWTH = 0.07
+# A prefill of b rows costs ~b ** exponent rows at batch 1: one larger matmul uses the cores better
+# (fitted to the batching group's runs of both real models at b 2-16 on a 2-core CPU, where linear
+# rows put b 16 at twice its measured time).
+PREFILL_BATCH_EXPONENT = 0.75
 # A trained token against a calibration's prefill token: forward and backward, ~3 forward passes; a
 # distilled draft's teacher adds its forward. Priors, checked against each build beside the trials
 # (the summary prints both): larger training batches run more efficiently per token, but the build
@@ -368,8 +373,39 @@ def _generate_s(cost: StepCost, prompts: int, prompt_tokens: float, new_tokens: 
     batches = math.ceil(prompts / batch)
     step = cost.decode_s * (1 + BATCH_STEP_GROWTH * (batch - 1))
     decode = batches * (repeats * new_tokens + WARMUP_TOKENS) * step
-    prefill = batches * (repeats + 1) * batch * prompt_tokens * cost.prefill_token_s
+    prefill = batches * (repeats + 1) * batch ** PREFILL_BATCH_EXPONENT * prompt_tokens * cost.prefill_token_s
     return decode + prefill
+
+
+class Workers:
+    """The run's worker processes as the estimate walks its trials in run order, each trial to the
+    next worker in turn: each worker measures a group's reference once (``once``) and keeps its last
+    ``trials.worker.model_cache_size()`` models loaded (``load``), so interleaved models load again."""
+
+    def __init__(self, workers: int = 1):
+        self.count = max(1, workers)
+        self.references: Counter = Counter()
+        self.models: list[list] = [[] for _ in range(self.count)]
+        self.turn = -1
+
+    def next_trial(self) -> None:
+        self.turn += 1
+
+    def once(self, key, seconds: float) -> float:
+        if self.references[key] >= self.count:
+            return 0.0
+        self.references[key] += 1
+        return seconds
+
+    def load(self, key, seconds: float) -> float:
+        held = self.models[max(0, self.turn) % self.count]
+        if key in held:
+            held.remove(key)
+            held.append(key)
+            return 0.0
+        held.append(key)
+        del held[:-model_cache_size()]
+        return seconds
 
 
 class Estimate:
@@ -377,8 +413,8 @@ class Estimate:
     costs, the trial's prompts, and the arithmetic every technique shares."""
 
     def __init__(self, config: TrialConfig, costs: dict[tuple[str, str], StepCost], cost: StepCost,
-                 references: set):
-        self.config, self.costs, self.cost, self.references = config, costs, cost, references
+                 workers: Workers):
+        self.config, self.costs, self.cost, self.workers = config, costs, cost, workers
         self.prompts, self.prompt_tokens, self.longest_prompt_tokens = _prompts(config)
         w, s = config.workload, config.stack
         self.plain = self.generate_s(cost, w.max_new_tokens, config.repeats, s.batch_size)
@@ -406,42 +442,49 @@ class Estimate:
                                + self.config.workload.max_new_tokens * cost.decode_s)
 
     def once(self, key, seconds: float) -> float:
-        """``seconds`` the first time ``key`` is met (a reference a worker measures once), else 0."""
-        if key in self.references:
-            return 0.0
-        self.references.add(key)
-        return seconds
+        """``seconds`` the first time each worker meets ``key`` (a reference a worker measures once
+        and reuses), else 0."""
+        return self.workers.once(key, seconds)
 
 
 def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
-                  references: set | None = None) -> float:
+                  workers: Workers | None = None) -> float:
     """Estimated seconds of one trial: its technique's cost model (``Technique.cost``; the loop's
-    timed passes where it has none), loading, and the per-trial overhead. ``references`` collects
-    reference runs already counted (a worker measures a group's reference once and reuses it)."""
-    references = set() if references is None else references
+    timed passes where it has none), its engine's benchmark beside the loop (``Engine.benchmark_cost``),
+    loading its model and draft where its worker does not hold them, and the per-trial overhead.
+    ``workers``: what the run's workers already measured and hold (a fresh one: nothing)."""
+    workers = Workers() if workers is None else workers
+    workers.next_trial()
     precision = calibrated_as(config)
     cost = costs.get((config.model, precision))
     if cost is None:
         return TRIAL_OVERHEAD_S                                  # fails at once (missing package)
-    estimate = Estimate(config, costs, cost, references)
+    estimate = Estimate(config, costs, cost, workers)
     technique = groups.get(config.group)
     total = TRIAL_OVERHEAD_S + (technique.cost(config, estimate) if technique.cost else estimate.plain)
     for other in map(groups.get, config.also_charted_by):     # groups that chart the same run: their
         if other.shared_cost is not None:                     # own numbers on it, the measurement once
             total += other.shared_cost(config.charted_as(other.name), estimate)
-    return total + estimate.once(("load", config.model, precision), cost.load_s)
+    total += engines.get(config.stack.engine).benchmark_cost(config, estimate)
+    draft = config.stack.draft_model
+    draft_cost = estimate.step(draft, draft_calibrated_as(config)) if draft else None
+    if draft_cost is not None:
+        total += workers.load((draft, draft_calibrated_as(config)), draft_cost.load_s)
+    return total + workers.load((config.model, precision), cost.load_s)
 
 
-def trial_estimates(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost]) -> dict[str, float]:
-    """Each trial's estimated seconds by ``config_hash``, in plan order (a reference a worker measures
-    once is counted in the first trial that needs it)."""
-    references: set = set()
-    return {c.config_hash: trial_seconds(c, costs, references) for c in configs}
+def trial_estimates(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost],
+                    workers: int = 1) -> dict[str, float]:
+    """Each trial's estimated seconds by ``config_hash``, ``configs`` taken in the order they run on
+    ``workers`` worker processes (``Workers``): estimate the trials a run starts, in its order, not
+    trials an earlier run finished, whose workers' references and models are gone."""
+    run = Workers(workers)
+    return {c.config_hash: trial_seconds(c, costs, run) for c in configs}
 
 
 def estimate_seconds(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost], workers: int = 1) -> float:
     """The trials' worker-seconds: each trial's estimate, on every worker for a trial that holds its node."""
-    estimates = trial_estimates(configs, costs)
+    estimates = trial_estimates(configs, costs, workers)
     return sum(worker_seconds(c, estimates[c.config_hash], workers) for c in configs)
 
 

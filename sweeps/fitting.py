@@ -90,8 +90,9 @@ def plan_run(trials: dict[str, list[TrialConfig]], costs: dict, done: dict[str, 
     name: seconds); the rest deferred. Prints it per group."""
     budget_s, workers = budget_seconds(args, device), planned_workers(args, device)
     configs = flat(trials)
-    seconds = budget.trial_estimates(configs, costs) if budget_s is not None else {}
     pending = [c for c in configs if not is_finished(c, done)]
+    seconds = (budget.trial_estimates(deferral.priority_order(pending), costs, workers)
+               if budget_s is not None else {})
     beside_s = sum((beside or {}).values())
     capacity = None if budget_s is None or getattr(args, "no_defer", False) else budget_s * workers
     chosen = deferral.defer(pending, seconds, capacity, workers, beside_s)

@@ -261,3 +261,21 @@ def test_a_rerun_sizes_its_trials_as_its_store_recorded_whatever_recalibrated_in
     assert "budget 5 min, not the 60 s this store's last sweep of this kind" in out, out
     code, out = _main([*main_args, "--rerun", "--dry-run"], capsys)
     assert "--rerun: every planned trial is measured again" in out and "total: 1 trials, 0 already finished" in out
+
+
+def test_each_groups_estimate_is_within_a_quarter_of_a_recorded_make_run():
+    """Two fresh-clone ``make run``s on a 2-core AMD EPYC (AVX-512), recorded with
+    ``python -m benchmarks.estimate_vs_measured ... --save``: their trials, each one's measured time and
+    the step costs the runs read. Estimated as the run estimated them (priority order, two workers,
+    each worker's references and loaded models), each group's trials agree with what they took within
+    25 %, beside the trials that shared the machine with the llama.cpp tools' build (counted apart)."""
+    from pathlib import Path
+
+    from benchmarks.estimate_vs_measured import AGREE, per_group
+
+    recorded = json.loads((Path(__file__).parent / "data" / "recorded_sweeps.json").read_text())
+    rows = per_group(recorded)
+    assert {group for _, group in rows} == set(groups.implemented())
+    far = {key: round(row["measured_s"] / row["estimated_s"], 2) for key, row in rows.items()
+           if abs(row["measured_s"] / row["estimated_s"] - 1) > AGREE}
+    assert not far, f"measured/estimated outside 1 +- {AGREE}: {far}"

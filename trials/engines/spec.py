@@ -26,6 +26,10 @@ def _accept(*_args) -> str | None:
     return None
 
 
+def _no_cost(*_args) -> float:
+    return 0.0
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str                                   # ``Stack.engine``
@@ -57,6 +61,9 @@ class Engine:
     benchmark: str = ""                         # its own benchmark tool, run beside each trial ("llama-bench")
     benchmark_ratio: str = ""                   # the metric: our decode rate / that tool's (1: they agree)
     benchmark_tolerance: float = 0.25           # the section flags a ratio further than this from 1
+    benchmark_cost: Callable[[object, object], float] = _no_cost
+    #                                             (config, ``sweeps.budget.Estimate``): seconds its benchmark
+    #                                             beside a trial takes, for the budget
     version_tag: str = ""                       # the run tag that names its build or version
     as_code: str = ""                           # "module:function" (torch-free): (stack, reference
     #                                             precision) -> the stack as a user's code, for a run that

@@ -14,6 +14,7 @@ from trials.engines.spec import Engine
 NAME = "llama_cpp"
 GGUF_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q4_k_m")
 KV_TYPES = {16: "f16", 8: "q8_0", 4: "q4_0"}          # kv_bits -> ggml type of K and V
+BENCH_START_S = 0.2                                  # llama-bench's process start and CPU probe
 GGML_BLOCK = 32                                       # elements per block of q8_0 and q4_0
 TOOLS_BUILD = ("trials.engines.llama_cpp.tools", "build")   # llama-bench and llama-server (``Engine.machine_setup``)
 BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / GGML_BLOCK, "q4_0": 18 / GGML_BLOCK}   # a block: scale + values
@@ -55,13 +56,23 @@ def shipped(entry) -> str | None:
     return pypi.MODELS[entry.location].quant_type.lower() if entry.source == "pypi" else None
 
 
+def benchmark_cost(config, estimate) -> float:
+    """``llama-bench`` beside each trial (``backend.cross_check``): the GGUF opened once, then a prompt
+    test and a generation test, each a warm-up and ``max(2, repeats)`` runs at the trial's mean prompt
+    length and new tokens."""
+    runs = max(2, config.repeats) + 1
+    cost = estimate.cost
+    return BENCH_START_S + cost.load_s + runs * (estimate.prompt_tokens * cost.prefill_token_s
+                                                 + config.workload.max_new_tokens * cost.decode_s)
+
+
 SPEC = Engine(NAME, "llama.cpp (llama-cpp-python)", GGUF_TYPES, {"ggml": (8, 4)}, guard, "llama_cpp",
               "trials.engines.llama_cpp.backend",
               measures_steps=True,  # the budget sizes its trials from its own step (step_cost.py)
               sixteen_bit=("f16",), four_bit=("q4_0", "q4_1", "q4_k_m"), proposers=("prompt_lookup",),
               devices=("cpu",), model_refusal=model_refusal, shipped=shipped, color="#EF553B",
               weight_word="GGUF weights", version_tag="llama_cpp_python",
-              benchmark="llama-bench", benchmark_ratio="llama_bench_tg_ratio",
+              benchmark="llama-bench", benchmark_ratio="llama_bench_tg_ratio", benchmark_cost=benchmark_cost,
               machine_setup=TOOLS_BUILD,
               levels={"default": {"weights": ("f16", "q8_0", "q4_0"), "caches": ("ggml8", "ggml4")}},
               caption="fed the transformers tokenizer's ids (tokenizer_parity says where its own tokenizer "
