@@ -1,7 +1,7 @@
 """Size a sweep to this machine: calibrate each model's step cost, estimate every trial, shrink to a budget.
 
-Why: the same plan takes 35 minutes on a CPU with native bf16 and many hours on an AVX2-only one,
-where a bf16 step is ~20x slower. So before a sweep starts, the driver measures what a step costs
+Why: the same plan takes minutes on a CPU with native bf16 and hours on an AVX2-only one, where a
+bf16 step is an order of magnitude slower. So before a sweep starts, the driver measures what a step costs
 here (``calibrate``: per model and precision, one prefill and a few decode steps at batch 1 on the
 threads a trial gets; a zoo model not trained yet is timed as its recipe's architecture with random
 weights, ``trials.models.zoo.stand_in``, so the whole plan is sized before the first trial), estimates
@@ -93,8 +93,8 @@ TRIAL_OVERHEAD_S = 0.5            # Ray's per-trial overhead with reused actors,
 # batching runs (README, "Why the sizes").
 BATCH_STEP_GROWTH = 0.07
 # A prefill of b rows costs ~b ** exponent rows at batch 1: one larger matmul uses the cores better
-# (fitted to the batching group's runs of both real models at b 2-16 on a 2-core CPU, where linear
-# rows put b 16 at twice its measured time).
+# (fitted to the batching group's runs of recorded make runs; `python -m benchmarks.estimate_vs_measured`
+# prints each group's estimate beside what it took).
 PREFILL_BATCH_EXPONENT = 0.75
 # A trained token against a calibration's prefill token: forward and backward, ~3 forward passes; a
 # distilled draft's teacher adds its forward. Priors, checked against each build beside the trials

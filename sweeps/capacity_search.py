@@ -152,6 +152,7 @@ class CapacitySearcher(Searcher):
         self._free = [name for name, choices in self.knobs.items() if len(choices) > 1]
         self._optuna = None
         if search == "optuna" and self._free:
+            optuna.logging.set_verbosity(optuna.logging.WARNING)     # not a line per study it creates
             space = {name: optuna.distributions.CategoricalDistribution(self.knobs[name]) for name in self._free}
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True)
             self._optuna = _ConstrainedOptuna(space=space, metric=METRIC, mode="max", sampler=sampler)

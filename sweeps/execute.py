@@ -113,8 +113,10 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
              f" (the zoo's {len(zoo_stage.planned)} once it is built)" if job else "",
              sum(skipped.values()), len(chosen.deferred))
     deadline = Deadline(None if chosen.capacity_s is None else budget_s, chosen.seconds, workers)
+    standby = list(chosen.deferred)      # offered after the planned trials while the budget has time left
     outcomes: list[dict] = []
     sharing: list[float] = []
+    printer = None
     if first_pending or zoo_stage.pending or job:
         start_local_ray(phases)          # first: a Ctrl-C inside ray.init can crash the process
         setup.start()
@@ -122,7 +124,7 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
             job.wait_until_reserved()                    # no trial starts on the zoo's core first
         phase = time.perf_counter()
         results, printer = run_tune(first_pending, zoo_stage if job is not None else None, args, uri, sweep_id,
-                                    device, deadline, reservation_path, job, setup)
+                                    device, deadline, reservation_path, job, setup, standby)
         phases.tune_s = time.perf_counter() - phase
         if printer.first_finished is not None:
             phases.first_finished_s = printer.first_finished - started
@@ -136,7 +138,8 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
         sharing = machine_sharing(uri, sweep_id, beside_windows)   # the zoo's training and builds, if they ran beside
     stop(None, reservation_path)
     phases.estimate_s = (chosen.load_s() + chosen.beside_s) / workers if budget_s is not None else None
-    deferred = chosen.deferred + deadline.deferred
+    # refused for the time they need, or never offered
+    deferred = deadline.deferred + (printer.searcher.standby if printer is not None else standby)
     waiting = {c.config_hash for c in deferred}
     all_configs = [c for c in flat(trials) if c.config_hash not in waiting]
     elapsed_s = time.perf_counter() - started
@@ -144,11 +147,10 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
                   why_not_run="the zoo's build failed (the error above)" if zoo_stage.error else "interrupted")
     took = {**setup.elapsed(), **({zoo_training(zoo_sets): phases.zoo_s} if job is not None else {})}
     print_estimates(deadline, beside, took, phases)
-    if deferred:
-        for line in describe_deferred(chosen.per_group(deferred), f"{AGAIN}, or a larger --budget"):
-            print(line)
-        if deadline.deferred:
-            record.write(uri, sizing, sweep_id, args, device, workers, deferred=chosen.per_group(deferred))
+    for line in describe_deferred(chosen.per_group(deferred), f"{AGAIN}, or a larger --budget"):
+        print(line)
+    if {c.config_hash for c in deferred} != {c.config_hash for c in chosen.deferred}:    # the record says what waits
+        record.write(uri, sizing, sweep_id, args, device, workers, deferred=chosen.per_group(deferred))
     print_sharing(sharing, workers)
     if outcomes:
         print_phases(phases, all_configs)

@@ -124,6 +124,8 @@ def print_run(chosen: deferral.Deferral, configs: list[TrialConfig], done, besid
         for line in deferral.describe_deferred(waits, f"{AGAIN}, or --budget {math.ceil(need / 60 * 1.1)}m to run "
                                                       "them in this one"):
             print(line)
+        print("  (where the planned trials take less than estimated, they start in this run, in this order, "
+              "each only if it ends within the budget)")
 
 
 def print_estimate(fitted, costs, device: str, workers: int) -> None:

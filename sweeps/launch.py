@@ -148,9 +148,11 @@ def first_run_hint(uri: str) -> str:
 
 
 def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, device: str,
-             deadline=None, reservation_path: str | None = None, job=None, setup=None):
+             deadline=None, reservation_path: str | None = None, job=None, setup=None,
+             standby: list[TrialConfig] = ()):
     """One Tune run: ``configs`` in priority order, then what ``later`` (a ``ZooStage``) hands out once
-    it can, each started only while ``deadline`` (a ``sweeps.deferral.Deadline``) admits it. The zoo's
+    it can, then the plan's deferred trials (``standby``) while time is left, each started only while
+    ``deadline`` (a ``sweeps.deferral.Deadline``) admits it. The zoo's
     training (``job``) and a build beside the trials (``setup``, a ``SetupBeside``) are said among what
     runs until they end. Returns (Tune's results, the progress printer)."""
     from ray import tune
@@ -178,8 +180,14 @@ def run_tune(configs: list[TrialConfig], later, args, uri: str, sweep_id: str, d
 
     searches = Searches(getattr(args, "search", "grid"), uri, sweep_id, chosen_profile(args, device), device,
                         getattr(args, "catalogue", None))
+    printer = None
+
+    def standby_started(config: TrialConfig) -> None:
+        printer.total += 1
+        printer.say(f"time left in the budget: a deferred trial starts ({config.group} {config.model} "
+                    f"{config.stack.label})")
     searcher = StagedSearcher(configs, later, lambda queued: sorted(queued, key=lambda c: keys[c.config_hash]),
-                              deadline, searches)
+                              deadline, searches, standby, standby_started)
     printer = ProgressPrinter(len(configs) + waiting, deadline, searcher, first_run_hint(uri),
                               functools.partial(tracking.write_live, uri, sweep_id), watch=watch)
     if job is not None:

@@ -7,8 +7,10 @@ before the zoo is trained. ``StagedSearcher`` gives Tune the first stage's trial
 arrive they join the trials not yet started, in ``order`` (the sweep's priority order); until then a
 trial that holds every core of its node waits in the queue (the build holds one). Before a trial
 is handed out, ``deadline`` (``sweeps.deferral.Deadline``) says whether it can end before the budget
-does; one that cannot is deferred to the next run, and the next one in line is asked. It says
-FINISHED when both stages are given out. A searched group's slot
+does; one that cannot is deferred to the next run, and the next one in line is asked. When both
+stages are given out, the trials the plan deferred (``standby``, in priority order) are offered the
+same way: a run whose trials took less than estimated uses the time left on what waits for the next
+run. It says FINISHED when nothing is left to offer. A searched group's slot
 (``sweeps.searches``) is handed out as what its search proposes. Tune's own loop, resources, retries and callbacks stay as they are.
 """
 
@@ -27,10 +29,12 @@ from trials.config import TrialConfig
 class StagedSearcher(Searcher):
     def __init__(self, now: list[TrialConfig], later: Callable[[], list[TrialConfig] | None] | None = None,
                  order: Callable[[list[TrialConfig]], list[TrialConfig]] | None = None, deadline=None,
-                 searches=None):
+                 searches=None, standby: list[TrialConfig] = (), on_standby: Callable[[TrialConfig], None] | None = None):
         super().__init__()
         self.searches = searches      # a ``sweeps.searches.Searches``: a searched group's slot runs its proposal
         self.queue = list(now)
+        self.standby = list(standby)  # deferred by the plan: offered once the planned trials are given out
+        self.on_standby = on_standby  # told of each standby trial handed out
         self.later = later            # None once its trials are queued (or there is no later stage)
         self.order = order or (lambda configs: configs)
         self.deadline = deadline      # None: no budget, every trial starts
@@ -44,15 +48,30 @@ class StagedSearcher(Searcher):
             elif not self.queue:
                 return None           # not ready yet: Tune asks again
         while (config := self._next()) is not None:
-            if self.deadline is None or self.deadline.admits(config):
-                if self.searches is None:
-                    return {"trial": config.to_dict()}
-                handed = self.searches.hand_out(trial_id, config, self.deadline)
-                if handed is not None:
-                    return handed
+            handed = self._hand_out(trial_id, config)
+            if handed is not None:
+                return handed
         if self.queue:
             return None               # only trials that hold the node, which wait for the zoo's core
-        return None if self.later is not None else Searcher.FINISHED
+        if self.later is not None:
+            return None
+        while self.standby and self.deadline is not None:
+            config = self.standby.pop(0)
+            handed = self._hand_out(trial_id, config)
+            if handed is not None:
+                if self.on_standby is not None:
+                    self.on_standby(config)
+                return handed
+        return Searcher.FINISHED
+
+    def _hand_out(self, trial_id: str, config: TrialConfig) -> dict | None:
+        """``config`` as Tune's next trial where the budget admits it (a searched group's slot: what its
+        search proposes), else None."""
+        if self.deadline is not None and not self.deadline.admits(config):
+            return None
+        if self.searches is None:
+            return {"trial": config.to_dict()}
+        return self.searches.hand_out(trial_id, config, self.deadline)
 
     def _next(self) -> TrialConfig | None:
         """The first queued trial that can start: while the later stage is still being built beside the

@@ -279,3 +279,14 @@ def test_each_groups_estimate_is_within_a_quarter_of_a_recorded_make_run():
     far = {key: round(row["measured_s"] / row["estimated_s"], 2) for key, row in rows.items()
            if abs(row["measured_s"] / row["estimated_s"] - 1) > AGREE}
     assert not far, f"measured/estimated outside 1 +- {AGREE}: {far}"
+
+
+def test_a_capacity_trial_near_the_ttft_limit_is_charged_its_search_by_the_chance_it_runs_one():
+    """The single stream decides whether a capacity trial searches at all; its prefill-based prediction
+    is uncertain near the limit, so the estimate weights the search by the chance it runs."""
+    from trials.techniques.capacity.spec import TTFT_SPREAD, feasible_chance
+
+    assert feasible_chance(0.5, 0.5) == 0.5
+    assert feasible_chance(0.5 * (1 - TTFT_SPREAD), 0.5) == 1.0 and feasible_chance(0.1, 0.5) == 1.0
+    assert feasible_chance(0.5 * (1 + TTFT_SPREAD), 0.5) == 0.0 and feasible_chance(5.0, 0.5) == 0.0
+    assert feasible_chance(0.45, 0.5) > feasible_chance(0.55, 0.5)

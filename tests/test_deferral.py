@@ -105,6 +105,28 @@ def test_the_deadline_starts_only_what_ends_in_time_corrected_by_what_finished_t
     assert unbounded.admits(large) and unbounded.left_s() is None
 
 
+def test_deferred_trials_start_after_the_planned_ones_only_while_time_is_left():
+    """A run whose planned trials took less than estimated offers the plan's deferred trials (standby),
+    in priority order, each only where its estimate ends within the budget; the rest stay deferred."""
+    from ray.tune.search import Searcher
+
+    from sweeps.staged import StagedSearcher
+
+    planned, fits, too_long = _config("tiny-gqa"), _config("tiny-mha"), _config("tiny-gqa", "bf16")
+    deadline = deferral.Deadline(100.0, {planned.config_hash: 10.0, fits.config_hash: 50.0, too_long.config_hash: 500.0})
+    started = []
+    searcher = StagedSearcher([planned], deadline=deadline, standby=[too_long, fits], on_standby=started.append)
+    deadline.start()
+    assert TrialConfig.from_dict(searcher.suggest("0")["trial"]).config_hash == planned.config_hash
+    assert started == []                                 # nothing from standby while a planned trial is queued
+    assert TrialConfig.from_dict(searcher.suggest("1")["trial"]).config_hash == fits.config_hash
+    assert started == [fits] and deadline.deferred == [too_long] and searcher.standby == []
+    assert searcher.suggest("2") == Searcher.FINISHED
+    unbounded = StagedSearcher([planned], standby=[fits])          # no budget: no standby (nothing is deferred)
+    unbounded.suggest("0")
+    assert unbounded.suggest("1") == Searcher.FINISHED
+
+
 FLOOR_SWEEP = """models: [tiny-gqa, tiny-mha]
 groups: [baseline, batching]
 profile: {base: quick, prompts_per_type: 1, max_new_tokens: 16, repeats: 3, baseline: {precisions: [fp32, bf16]},

@@ -212,12 +212,12 @@ sys.exit(report.main(["--tracking-uri", uri]))
 
 
 def run_declared_outside(variable: str, module: str, script: str, tmp_path):
-    """``script`` in a fresh process with ``module`` (in tests/) named in ``$variable``, given a fresh
+    """``script`` in a fresh process with ``module`` (in tests/plugins/) named in ``$variable``, given a fresh
     store and an export path; its completed process (exit code 0 checked) and the export's path."""
     import os
 
     env = {**os.environ, variable: module,
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "plugins"), os.environ.get("PYTHONPATH", "")])}
     uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-c", script, uri, str(out)], capture_output=True,
                           text=True, timeout=600, cwd=ROOT, env=env)
@@ -226,7 +226,7 @@ def run_declared_outside(variable: str, module: str, script: str, tmp_path):
 
 
 def test_a_technique_declared_outside_runs_from_plan_to_export(tiny_zoo, tmp_path):
-    """tests/toy_technique.py, named in $LLM_SWEEPS_TECHNIQUES, is planned, run, logged to a real store,
+    """tests/plugins/toy_technique.py, named in $LLM_SWEEPS_TECHNIQUES, is planned, run, logged to a real store,
     drawn by the export and tabled by the report in a fresh process, with no line of the project
     changed: what a technique is lives in its own folder (here, its own module). (The sweep's Ray
     path is the same for every technique: tests/test_sweep.py.)"""
@@ -288,39 +288,3 @@ def test_no_code_outside_an_engine_names_it():
                 if re.search(rf"\b{re.escape(name)}\b", text):
                     found.append(f"{relative}:{line}: names the {name} engine in {text[:60]!r}")
     assert not found, "\n".join(found)
-
-
-TOY_ENGINE_END_TO_END = """
-import sys
-import tracking
-from dashboard import export, report
-from sweeps.spaces import PROFILES
-from trials import groups
-from trials.run import run_trial
-
-uri, out = sys.argv[1], sys.argv[2]
-tracking.prepare_store(uri)
-profile = PROFILES["quick"].overridden({"prompts_per_type": 1, "max_new_tokens": 8, "repeats": 2,
-                                        "engines": {"engines": ["toy"], "eval_windows": 2}}, "a test's")
-[config] = groups.get("engines").plan(["tiny-gqa"], profile, "cpu")
-assert config.stack.engine == "toy", config.stack
-result = run_trial(config)
-assert result.status == "FINISHED", result.error
-assert result.tags["engine"] == "toy" and "argmax" in result.tags["user_code"]
-assert result.metrics["lossless"] == 1.0, result.metrics          # fp32 greedy == the reference's greedy
-assert result.metrics["kl_divergence"] < 1e-6, result.metrics
-tracking.log_trial(uri, result)
-assert export.main(["--tracking-uri", uri, "--out", out]) == 0
-sys.exit(report.main(["--tracking-uri", uri]))
-"""
-
-
-def test_an_engine_declared_outside_runs_from_plan_to_export(tiny_zoo, tmp_path):
-    """tests/toy_engine.py, named in $LLM_SWEEPS_ENGINES, is planned by the engines group, run by the
-    one loop through its own backend (a greedy loop over forward()), scored against the reference,
-    logged to a real store, drawn by the export and tabled by the report, with no line of the project
-    changed."""
-    done, out = run_declared_outside("LLM_SWEEPS_ENGINES", "toy_engine", TOY_ENGINE_END_TO_END, tmp_path)
-    page = out.read_text()
-    assert "a greedy loop over forward()" in page                # the engines caption names the toy engine
-    assert "| tiny-gqa | toy |" in done.stdout                    # the report's engines table

@@ -12,7 +12,8 @@ is added already finished, is picked up; a rerun of a configuration is a new run
 nothing (charts choose the latest). A running run has no end time and is not charted until it ends.
 Deleting runs in the MLflow UI is not an end, so ``refresh(full=True)`` (the page's Reload button)
 reads everything again. On a sqlite store (the default) the tables are read straight from its
-file (``sqlite_frame``: 10,000 runs in ~2 s instead of ~30 s); elsewhere through MLflow's search API.
+file (``sqlite_frame``: an order of magnitude faster at 10,000 runs, benchmarks/dashboard_scale.py);
+elsewhere through MLflow's search API.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ EMULATED = "EMULATED"      # in provenance's device field iff the run's precisio
 EMULATED_OPACITY = 0.5
 
 
-# plotly_white's look in a few lines: the named template is ~6.5 kB of JSON in every figure and takes
-# ~20 ms to copy into each one (a page of 25 charts spent most of its server time there).
+# plotly_white's look in a few lines: the named template is kilobytes of JSON copied into every figure,
+# which took most of a full page's server time (benchmarks/dashboard_scale.py measures the page).
 _GRID = "#EBF0F8"
 TEMPLATE = go.layout.Template(layout=dict(
     paper_bgcolor="white", plot_bgcolor="white", font=dict(color="#2a3f5f"), hovermode="closest",

@@ -233,7 +233,7 @@ def _one_parse_per_file():
     """Within the block, each GGUF file is parsed once: ``gguf.GGUFReader`` returns the reader it built
     for that path before. Reading the header, the tokenizer, the config and the tensors parses the file
     four times otherwise (transformers imports ``GGUFReader`` from ``gguf`` on each call), and a parse
-    of Gemma-3's 262,144-token vocabulary takes ~13 s on our CPU: one conversion spent ~40 s on parses.
+    of Gemma-3's 262,144-token vocabulary takes seconds: most of a conversion was spent parsing.
     The reader only reads (a read-only memory map), so sharing it changes nothing it returns."""
     import gguf
 

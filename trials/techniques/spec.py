@@ -148,6 +148,26 @@ def resolve(pointer: str):
     return getattr(loaded, attr) if attr else loaded
 
 
+def built_in(name: str, runner: str) -> dict[str, str]:
+    """Where a built-in technique's parts live in its folder: ``runner.<runner>``, ``space.plan``, and
+    its section ``dashboard/sections/<name>.py`` (a plug-in names its own)."""
+    return {"runner": f"trials.techniques.{name}.runner:{runner}", "space": f"trials.techniques.{name}.space:plan",
+            "section": f"dashboard.sections.{name}"}
+
+
+def served_keys(**own: ProfileKey) -> dict[str, ProfileKey]:
+    """The profile keys of a group that drives server engines under load (serving, capacity): which
+    servers and stacks, requests and warm-up per point, the SLO; then the group's ``own``."""
+    return {"servers": ProfileKey("engine", many=True, optional=True),
+            "weights": ProfileKey("weight", many=True, optional=True),
+            "caches": ProfileKey("cache", many=True, optional=True),
+            "parallel": ProfileKey("int", many=True, low=1, high=64),
+            "warmup_requests": ProfileKey("int", low=0, high=1000),
+            "ttft_slo_ms": ProfileKey("int", low=1, high=3_600_000),
+            "tpot_slo_ms": ProfileKey("int", low=1, high=3_600_000),
+            "real_models_only": ProfileKey("bool", optional=True), **own}
+
+
 def only_weights_and_batch(name: str) -> Callable:
     """The guard of a technique that varies weights and batch size only."""
     def guard(stack) -> str | None:

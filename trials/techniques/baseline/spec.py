@@ -1,7 +1,7 @@
 """The baseline group's declaration: a model at a weight precision, nothing else switched on."""
 
 from trials.config import Stack
-from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, only_weights_and_batch
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, built_in, only_weights_and_batch
 
 NAME = "baseline"
 
@@ -13,9 +13,7 @@ def device_checks(setup) -> list[DeviceCheck]:
 SPEC = Technique(
     NAME, "Baseline: each model at each weight precision", order=0,
     guard=only_weights_and_batch(NAME),
-    runner="trials.techniques.baseline.runner:run_baseline",
-    space="trials.techniques.baseline.space:plan",
-    section="dashboard.sections.baseline",
+    **built_in(NAME, "run_baseline"),
     reference="none: the baseline is what the other groups compare against",
     profile_keys={"precisions": ProfileKey("precision", many=True)},
     device_checks=device_checks,

@@ -1,7 +1,7 @@
 """The batching group's declaration: B rows per decode step, up to the memory boundary."""
 
 from trials.config import Stack
-from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, only_weights_and_batch
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, built_in, only_weights_and_batch
 
 NAME = "batching"
 
@@ -21,9 +21,7 @@ def device_checks(setup) -> list[DeviceCheck]:
 SPEC = Technique(
     NAME, "Static batching: B rows per decode step, up to the memory boundary", order=3,
     guard=only_weights_and_batch(NAME),
-    runner="trials.techniques.batching.runner:run_batching",
-    space="trials.techniques.batching.space:plan",
-    section="dashboard.sections.batching",
+    **built_in(NAME, "run_batching"),
     reference="each prompt decoded alone (batch 1), once per worker, model and workload (tag "
               "batch1_reference); the memory bandwidth once per worker (tag bandwidth_source)",
     profile_keys={"batch_sizes": ProfileKey("int", many=True, low=1, high=65_536)},

@@ -14,7 +14,7 @@ from __future__ import annotations
 from trials import engines
 from trials.stats.capacity import Probe, find_capacity
 from trials.techniques.serving.spec import batched_speedup
-from trials.techniques.spec import ProfileKey, Technique
+from trials.techniques.spec import ProfileKey, Technique, built_in, served_keys
 
 NAME = "capacity"
 MIN_REQUESTS = 20            # a probe's requests after warm-up: fewer and a 90 % share is 1 miss in 10
@@ -24,6 +24,7 @@ MIN_NEW_TOKENS = 32
 # prefill). The estimate walks the search to it; the search itself decides.
 TYPICAL_CAPACITY = 0.4
 STOPPED_SHARE = 0.5          # a probe that misses stops once it cannot pass: about half its requests
+TTFT_SPREAD = 0.25           # the longest prompt's calibrated prefill against the measured single-stream p95 TTFT
 
 
 KNOBS = ("step_tokens", "threads")     # what a server engine must take (``Engine.server_knobs``) to be searched here
@@ -63,18 +64,26 @@ def cost(config, estimate) -> float:
     takes (``probe_rates``; from the engine's step cost: the single-stream rate is one request's
     time, a probe lasts its arrival span or, past what the slots sustain, the time they take; one
     that misses stops about half way), plus the last request's own time per probe. A configuration
-    whose single stream will miss the TTFT limit (its longest prompt's prefill at the calibrated step
-    cost: within ~25 % of the measured p95 here) ends after the single stream."""
+    whose single stream misses the TTFT limit ends after the single stream: the probes are weighted
+    by the chance that it meets it (``feasible_chance``)."""
     load, slots, step = config.load, config.stack.batch_size, estimate.cost
     request_s = estimate.prompt_tokens * step.prefill_token_s + config.workload.max_new_tokens * step.decode_s
     count = load.warmup + load.requests
     served_s = count * request_s / batched_speedup(step, slots)
     single = count * request_s
     start = engines.get(config.stack.engine).start_s + single
-    if estimate.longest_prompt_tokens * step.prefill_token_s > load.ttft_slo_s:
-        return start
-    return start + sum(max(count / rate, served_s) * (1 if passed else STOPPED_SHARE) + request_s
-                       for rate, passed in probe_rates(1 / request_s, slots))
+    chance = feasible_chance(estimate.longest_prompt_tokens * step.prefill_token_s, load.ttft_slo_s)
+    return start + chance * sum(max(count / rate, served_s) * (1 if passed else STOPPED_SHARE) + request_s
+                                for rate, passed in probe_rates(1 / request_s, slots))
+
+
+def feasible_chance(predicted_ttft_s: float, limit_s: float) -> float:
+    """The chance that a single stream's p95 TTFT meets ``limit_s`` when its longest prompt's calibrated
+    prefill takes ``predicted_ttft_s``: that prediction is within ``TTFT_SPREAD`` of the measured p95,
+    so 1/2 at the limit, falling linearly to 0 (1) a spread above (below) it. Near the limit either
+    outcome is as likely, and a step-cost calibration a little slower than the last must not turn a
+    whole search into a single stream in the estimate."""
+    return min(1.0, max(0.0, 0.5 + (limit_s - predicted_ttft_s) / (2 * TTFT_SPREAD * limit_s)))
 
 
 def shrink(config, workload, prompts_divisor: int):
@@ -88,24 +97,14 @@ def shrink(config, workload, prompts_divisor: int):
 SPEC = Technique(
     NAME, "Capacity: the most requests per second within the SLO, by search", order=9,
     guard=guard,
-    runner="trials.techniques.capacity.runner:run_capacity_trial",
-    space="trials.techniques.capacity.space:plan",
-    section="dashboard.sections.capacity",
+    **built_in(NAME, "run_capacity_trial"),
     reference="the configuration's own single-stream point (one request at a time): where it already misses the "
               "SLO the configuration is infeasible; its rate is where the search starts",
-    profile_keys={"weights": ProfileKey("weight", many=True, optional=True),
-                  "caches": ProfileKey("cache", many=True, optional=True),
-                  "parallel": ProfileKey("int", many=True, low=1, high=64),
-                  "step_tokens": ProfileKey("int", many=True, low=0, high=65536),
-                  "threads": ProfileKey("int", many=True, low=0, high=1024),
-                  "search_trials": ProfileKey("int", low=1, high=10_000),
-                  "requests_per_point": ProfileKey("int", low=MIN_REQUESTS, high=100_000),
-                  "warmup_requests": ProfileKey("int", low=0, high=1000),
-                  "ttft_slo_ms": ProfileKey("int", low=1, high=3_600_000),
-                  "tpot_slo_ms": ProfileKey("int", low=1, high=3_600_000),
-                  "attainment": ProfileKey("number", low=0.01, high=1),
-                  "real_models_only": ProfileKey("bool", optional=True),
-                  "servers": ProfileKey("engine", many=True, optional=True)},
+    profile_keys=served_keys(step_tokens=ProfileKey("int", many=True, low=0, high=65536),
+                             threads=ProfileKey("int", many=True, low=0, high=1024),
+                             search_trials=ProfileKey("int", low=1, high=10_000),
+                             requests_per_point=ProfileKey("int", low=MIN_REQUESTS, high=100_000),
+                             attainment=ProfileKey("number", low=0.01, high=1)),
     cost=cost, shrink=shrink, engines=None, serving=True, holds_node=True,
     search="trials.techniques.capacity.space",
 )

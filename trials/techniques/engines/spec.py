@@ -3,7 +3,7 @@ optimization's effect per engine."""
 
 from trials import engines
 from trials.models.registry import perplexity_method, reference_precision
-from trials.techniques.spec import ProfileKey, Technique, shrink_eval_windows
+from trials.techniques.spec import ProfileKey, Technique, built_in, shrink_eval_windows
 
 NAME = "engines"
 
@@ -42,9 +42,7 @@ def shared_cost(config, estimate) -> float:
 SPEC = Technique(
     NAME, "Engines: the same optimizations on every engine", order=6,
     guard=guard,
-    runner="trials.techniques.engines.runner:run_engine_trial",
-    space="trials.techniques.engines.space:plan",
-    section="dashboard.sections.engines",
+    **built_in(NAME, "run_engine_trial"),
     reference="the default engine at the model's reference precision on the same prompt token ids, once "
               "per worker, model and workload (tag reference_source)",
     profile_keys={"weights": ProfileKey("weight", many=True, optional=True),        # else each engine's own

@@ -1,7 +1,7 @@
 """The kv_cache group's declaration: 16/8/4/2-bit caches at growing contexts."""
 
 from trials.config import Stack
-from trials.techniques.spec import DeviceCheck, ProfileKey, Technique
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, built_in
 
 NAME = "kv_cache"
 HQQ_FACTOR = 1.5        # HQQ optimizes every group at prefill and every residual refill
@@ -33,9 +33,7 @@ def device_checks(setup) -> list[DeviceCheck]:
 SPEC = Technique(
     NAME, "KV-cache quantization: 16/8/4/2-bit caches at growing contexts", order=2,
     guard=guard,
-    runner="trials.techniques.kv_cache.runner:run_kv_cache",
-    space="trials.techniques.kv_cache.space:plan",
-    section="dashboard.sections.kv_cache",
+    **built_in(NAME, "run_kv_cache"),
     reference="the full-precision cache on the same prompts, measured once per worker, model "
               "and workload, reused for 30 minutes (tag reference_source)",
     profile_keys={"contexts": ProfileKey("int", many=True, low=16, high=10_000_000),

@@ -2,7 +2,8 @@
 
 from trials.models.registry import perplexity_method, reference_precision
 from trials.config import Stack
-from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, only_weights_and_batch, shrink_eval_windows
+from trials.techniques.spec import (DeviceCheck, ProfileKey, Technique, built_in, only_weights_and_batch,
+                                    shrink_eval_windows)
 
 NAME = "quantization"
 
@@ -31,9 +32,7 @@ def device_checks(setup) -> list[DeviceCheck]:
 SPEC = Technique(
     NAME, "Weight quantization: fp32/bf16/int8/nf4/GPTQ weights", order=4,
     guard=only_weights_and_batch(NAME),
-    runner="trials.techniques.quantization.runner:run_quantization",
-    space="trials.techniques.quantization.space:plan",
-    section="dashboard.sections.quantization",
+    **built_in(NAME, "run_quantization"),
     reference="the reference precision's greedy outputs and perplexity, once per worker, model "
               "and workload (tag reference_source)",
     profile_keys={"precisions": ProfileKey("precision", many=True),

@@ -8,7 +8,7 @@ other trial's work is mistaken for the server's queueing.
 from __future__ import annotations
 
 from trials import engines
-from trials.techniques.spec import ProfileKey, Technique
+from trials.techniques.spec import ProfileKey, Technique, built_in, served_keys
 
 NAME = "serving"
 MIN_NEW_TOKENS = 32        # a realistic output length: shorter, and TTFT alone decides every SLO
@@ -57,24 +57,14 @@ def shrink(config, workload, prompts_divisor: int):
 SPEC = Technique(
     NAME, "Serving: requests per second within a latency SLO", order=8,
     guard=guard,
-    runner="trials.techniques.serving.runner:run_serving_trial",
-    space="trials.techniques.serving.space:plan",
-    section="dashboard.sections.serving",
+    **built_in(NAME, "run_serving_trial"),
     reference="the same weights in-process (the engine the server builds on, batch 1) for token parity; the "
               "stack's own single-stream capacity (measured first in the trial) sizes its rate ladder",
-    profile_keys={"weights": ProfileKey("weight", many=True, optional=True),
-                  "caches": ProfileKey("cache", many=True, optional=True),
-                  "parallel": ProfileKey("int", many=True, low=1, high=64),
-                  "lookup_k": ProfileKey("int", low=1, high=64, optional=True),
-                  "drafts": ProfileKey("weight", many=True, optional=True),
-                  "draft_k": ProfileKey("int", low=1, high=64, optional=True),
-                  "rates": ProfileKey("number", many=True, low=0.01, high=1000),
-                  "concurrency": ProfileKey("int", many=True, low=1, high=1024),
-                  "requests_per_point": ProfileKey("int", low=1, high=100_000),
-                  "warmup_requests": ProfileKey("int", low=0, high=1000),
-                  "ttft_slo_ms": ProfileKey("int", low=1, high=3_600_000),
-                  "tpot_slo_ms": ProfileKey("int", low=1, high=3_600_000),
-                  "real_models_only": ProfileKey("bool", optional=True),
-                  "servers": ProfileKey("engine", many=True, optional=True)},
+    profile_keys=served_keys(lookup_k=ProfileKey("int", low=1, high=64, optional=True),
+                             drafts=ProfileKey("weight", many=True, optional=True),
+                             draft_k=ProfileKey("int", low=1, high=64, optional=True),
+                             rates=ProfileKey("number", many=True, low=0.01, high=1000),
+                             concurrency=ProfileKey("int", many=True, low=1, high=1024),
+                             requests_per_point=ProfileKey("int", low=1, high=100_000)),
     cost=cost, shrink=shrink, engines=None, serving=True, holds_node=True,
 )

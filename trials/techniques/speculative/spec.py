@@ -1,7 +1,7 @@
 """The speculative group's declaration: a draft model or prompt lookup proposes k tokens."""
 
 from trials.config import Stack
-from trials.techniques.spec import DeviceCheck, ProfileKey, Technique
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, built_in
 
 NAME = "speculative"
 K = ProfileKey("int", many=True, low=1, high=64)     # draft tokens per round: beyond 64 none is accepted
@@ -33,9 +33,7 @@ def device_checks(setup) -> list[DeviceCheck]:
 SPEC = Technique(
     NAME, "Speculative decoding: a draft model or prompt lookup proposes k tokens", order=1,
     guard=guard,
-    runner="trials.techniques.speculative.runner:run_speculative",
-    space="trials.techniques.speculative.space:plan",
-    section="dashboard.sections.speculative",
+    **built_in(NAME, "run_speculative"),
     reference="the same prompts without speculation, measured once per worker, model and "
               "workload, reused for 15 minutes (tag baseline_source)",
     profile_keys={"draft_k": K, "lookup_k": K},

@@ -3,7 +3,7 @@
 from trials import engines
 from trials.models.registry import reference_precision
 from trials.config import Stack
-from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, shrink_eval_windows
+from trials.techniques.spec import DeviceCheck, ProfileKey, Technique, built_in, shrink_eval_windows
 
 NAME = "stacks"
 COMPILE_S = 40.0          # torch.compile of the decode step in the warm-up (CPU, inductor)
@@ -75,9 +75,7 @@ def device_checks(setup) -> list[DeviceCheck]:
 SPEC = Technique(
     NAME, "How much did optimizations help? Techniques combined in one trial", order=5,
     guard=guard,
-    runner="trials.techniques.stacks.runner:run_stack",
-    space="trials.techniques.stacks.space:plan",
-    section="dashboard.sections.stacks",
+    **built_in(NAME, "run_stack"),
     reference="the base stack (fast precision, full cache, no speculation) for speed and memory "
               "(tag baseline_source), the reference precision's greedy outputs and "
               "teacher-forced predictions for quality (tag reference_source); each once per "

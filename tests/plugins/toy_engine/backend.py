@@ -1,28 +1,15 @@
-"""A toy engine, declared from outside the project: a test registers it with
-``LLM_SWEEPS_ENGINES=toy_engine`` and runs it through plan -> trial -> store -> section -> export.
-
-One module holds all of it: the declaration (``SPEC``) and the backend (``trials.engines.spec.Backend``:
-``load``, ``prepare``, ``generate_batch``, ``facts``, ``trial_facts``, ``scorer``, ``teacher_forced``). It decodes with a
-hand-written greedy loop over the model's own forward pass and cache (no ``generate()``): the smallest
-engine that is still a real one.
+"""The toy engine in a worker (``trials.engines.spec.Backend``: ``load``, ``prepare``, ``generate_batch``,
+``facts``, ``trial_facts``, ``scorer``, ``teacher_forced``). It decodes with a hand-written greedy loop
+over the model's own forward pass and cache (no ``generate()``): the smallest engine that is still a
+real one. The toy server (``toy_server``) serves the same loop and checks its tokens against it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from trials.engines.spec import BatchRecord, Engine, ModelFacts, Prepared
-
-NAME = "toy"
-
-
-def guard(stack) -> str | None:
-    return None if stack.batch_size == 1 else "the toy engine decodes one prompt at a time"
-
-
-SPEC = Engine(NAME, "toy (a greedy loop over forward())", ("fp32",), {}, guard, "toy_engine", "toy_engine",
-              sixteen_bit=("fp32",), proposers=(), color="#00CC96",
-              caption="a hand-written greedy loop over the model's forward pass.", version_tag="toy_version")
+from trials.engines.spec import BatchRecord, ModelFacts, Prepared
+from toy_engine.spec import NAME
 
 
 def load(config):
@@ -38,21 +25,31 @@ def prepare(config, loaded, prompts) -> Prepared:
                         "    ids = out.logits[:, -1:].argmax(-1)  # greedy")
 
 
+def greedy(model, ids: torch.Tensor, new_tokens: int, kept: dict | None = None):
+    """The greedy tokens after ``ids``, one at a time, from the model's own forward pass and cache
+    (``kept["cache"]``: the cache so far, where a caller asks for it)."""
+    cache, step = None, ids.to(model.device)
+    for _ in range(new_tokens):
+        with torch.inference_mode():
+            out = model(input_ids=step, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        if kept is not None:
+            kept["cache"] = cache
+        step = out.logits[:, -1:].argmax(-1)
+        yield int(step)
+
+
 def generate_batch(loaded, batch, new_tokens, timer, generate_kwargs) -> BatchRecord:
     from trials.measurement.instruments import kv_cache_bytes
 
     [prompt] = batch
-    ids = loaded.tokenizer(prompt.text, return_tensors="pt")["input_ids"].to(loaded.device)
-    out_ids, cache = [], None
+    ids = loaded.tokenizer(prompt.text, return_tensors="pt")["input_ids"]
+    out_ids, kept = [], {}
     timer.reset()
-    with torch.inference_mode():
-        step = ids
-        for _ in range(new_tokens):
-            out = loaded.model(input_ids=step, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            step = out.logits[:, -1:].argmax(-1)
-            out_ids.append(int(step))
-            timer.stamp()
+    for token in greedy(loaded.model, ids, new_tokens, kept):
+        out_ids.append(token)
+        timer.stamp()
+    cache = kept["cache"]
     return BatchRecord([prompt.id], ids.shape[1], timer.ttft_s, timer.decode_s, len(out_ids), timer.decode_tokens,
                        kv_cache_bytes(cache), int(cache.get_seq_length()), [out_ids],
                        [loaded.tokenizer.decode(out_ids, skip_special_tokens=True)])

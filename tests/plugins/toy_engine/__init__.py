@@ -1,0 +1,1 @@
+"""The toy in-process engine (``spec.py``, ``backend.py``)."""

@@ -1,0 +1,1 @@
+"""The toy server engine (``spec.py``, ``backend.py``, ``server.py``)."""
