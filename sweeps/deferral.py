@@ -126,7 +126,8 @@ class Deadline:
     """The budget while trials run: which trial may still start, and how long the rest will take.
 
     ``start`` sets the clock (the first trial); ``admits`` says whether a trial's corrected estimate
-    ends before the budget does; ``finished`` feeds the correction (measured/estimated so far, per
+    ends before the budget does (a trial that holds the node first waits for the running ones, which
+    ``running``/``finished`` track); ``finished`` feeds the correction (measured/estimated so far, per
     group once it has ``MIN_FOR_GROUP_RATIO`` trials, else over all)."""
 
     budget_s: float | None
@@ -135,6 +136,21 @@ class Deadline:
     started: float | None = None
     measured: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     deferred: list[TrialConfig] = field(default_factory=list)
+    in_flight: dict[str, tuple[float, TrialConfig]] = field(default_factory=dict)   # trial id -> (start, config)
+
+    def running(self, trial_id: str, config: TrialConfig, now: float | None = None) -> None:
+        self.in_flight[trial_id] = (time.monotonic() if now is None else now, config)
+
+    def wait_s(self, now: float | None = None) -> float:
+        """Until the running trials end, by their corrected estimates (what a node-holding trial waits)."""
+        now = time.monotonic() if now is None else now
+        return max((start + self.estimate(c) - now for start, c in self.in_flight.values()), default=0.0) \
+            if self.in_flight else 0.0
+
+    def ends_at(self) -> float | None:
+        """When the budget ends, in seconds since the epoch (a trial's own limit is what is left when it starts)."""
+        left = self.left_s()
+        return None if left is None else time.time() + left
 
     def start(self, now: float | None = None) -> None:
         if self.started is None:
@@ -153,7 +169,8 @@ class Deadline:
         low, high = RATIO_RANGE
         return min(high, max(low, sum(m for m, _ in pairs) / estimated))
 
-    def finished(self, config: TrialConfig, measured_s: float) -> None:
+    def finished(self, config: TrialConfig, measured_s: float, trial_id: str | None = None) -> None:
+        self.in_flight.pop(trial_id, None)
         estimated = self.seconds.get(config.config_hash)
         if estimated:
             self.measured[config.group].append((measured_s, estimated))
@@ -166,7 +183,8 @@ class Deadline:
     def admits(self, config: TrialConfig, now: float | None = None) -> bool:
         """Whether ``config`` may start now (always without a budget); a trial refused is deferred."""
         left = self.left_s(now)
-        if left is None or self.estimate(config) <= left:
+        wait = max(0.0, self.wait_s(now)) if holds_node(config) else 0.0
+        if left is None or wait + self.estimate(config) <= left:
             return True
         self.deferred.append(config)
         return False

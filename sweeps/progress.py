@@ -52,6 +52,8 @@ class ProgressPrinter(Callback):
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self.running[self._name(trial)] = time.time()
         self.began[trial.trial_id] = time.monotonic()
+        if self.deadline is not None:
+            self.deadline.running(trial.trial_id, TrialConfig.from_dict(copy.deepcopy(trial.config["trial"])))
         self._print(f"start  {self._name(trial)}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -59,7 +61,7 @@ class ProgressPrinter(Callback):
         self.running.pop(self._name(trial), None)
         if self.deadline is not None and trial.trial_id in self.began:
             config = TrialConfig.from_dict(copy.deepcopy(trial.config["trial"]))
-            self.deadline.finished(config, time.monotonic() - self.began.pop(trial.trial_id))
+            self.deadline.finished(config, time.monotonic() - self.began.pop(trial.trial_id), trial.trial_id)
         status = result.get("trial_status", "?")
         detail = (f"{result['tok_per_s']:.1f} tok/s" if status == "FINISHED" and "tok_per_s" in result
                   else result.get("error", ""))
@@ -73,6 +75,8 @@ class ProgressPrinter(Callback):
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         self.done += 1
         self.running.pop(self._name(trial), None)
+        if self.deadline is not None:
+            self.deadline.in_flight.pop(trial.trial_id, None)
         self._print(f"{self.done}/{self.total} ERROR    {self._name(trial)}")
 
     def on_step_end(self, iteration, trials, **info) -> None:

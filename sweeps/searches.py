@@ -105,9 +105,9 @@ class Searches:
                 deadline.seconds[run.config_hash] = deadline.seconds.get(config.config_hash, 0.0)
             self.owner[trial_id] = key
         self.index[key] += 1
-        left = deadline.left_s() if deadline is not None else None
         return {"trial": run.to_dict(), "search": self.mode, "search_index": self.index[key],
-                "search_id": f"{self.sweep_id}:{config.model}", "time_limit_s": left}
+                "search_id": f"{self.sweep_id}:{config.model}",
+                "budget_ends_at": deadline.ends_at() if deadline is not None else None}
 
     def complete(self, trial_id: str, result: dict | None, error: bool = False) -> None:
         key = self.owner.pop(trial_id, None)

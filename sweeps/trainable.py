@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import ray
 from ray import tune
@@ -47,6 +48,12 @@ def record_attempt() -> int:
     return attempt
 
 
+def time_left(ends_at: float | None) -> float | None:
+    """What the sweep's budget leaves this trial as it starts (it may have waited for its resources
+    since it was handed out); None without a budget."""
+    return None if ends_at is None else max(0.0, ends_at - time.time())
+
+
 def run_in_worker(params: dict) -> None:
     logging.basicConfig(level=logging.WARNING)
     config = TrialConfig.from_dict(params["trial"])
@@ -61,7 +68,7 @@ def run_in_worker(params: dict) -> None:
                       sweep_id=params["sweep_id"],
                       memory_budget_bytes=params.get("memory_budget_bytes"),
                       price_per_hour_usd=params.get("price_per_hour_usd"),
-                      time_limit_s=params.get("time_limit_s"),
+                      time_limit_s=time_left(params.get("budget_ends_at")),
                       sweep_pids=(os.getppid(),))     # the raylet: its workers run the sweep's other trials
     try:
         result = run_trial(config, runtime)

@@ -127,6 +127,28 @@ def test_deferred_trials_start_after_the_planned_ones_only_while_time_is_left():
     assert unbounded.suggest("1") == Searcher.FINISHED
 
 
+def test_a_trial_that_holds_the_node_is_admitted_only_if_it_ends_in_time_after_the_running_ones():
+    """A server trial waits for the running trials before it starts: its admission counts that wait
+    (their corrected estimates less what they have run), and a trial's own limit is what is left
+    when it starts, not when it was handed out."""
+    from sweeps.trainable import time_left
+
+    plain = _config("tiny-gqa")
+    server = TrialConfig(group="serving", model="tiny-gqa", stack=Stack("f16", engine="llama_server"),
+                         workload=Workload("prose", 1, 8))
+    deadline = deferral.Deadline(100.0, {plain.config_hash: 60.0, server.config_hash: 50.0})
+    deadline.start(now=0.0)
+    deadline.running("t0", plain, now=0.0)
+    assert deadline.wait_s(now=20.0) == 40.0
+    assert not deadline.admits(server, now=20.0)          # 40 s of waiting + 50 s > 80 s left? 90 > 80
+    assert deadline.admits(plain, now=20.0)               # a plain trial takes the other worker now
+    deadline.finished(plain, 60.0, "t0")
+    assert deadline.wait_s(now=20.0) == 0.0 and deadline.admits(server, now=20.0)
+    fresh = deferral.Deadline(100.0, {})
+    fresh.start()
+    assert time_left(None) is None and time_left(0.0) == 0.0 and 90 < time_left(fresh.ends_at()) <= 100
+
+
 FLOOR_SWEEP = """models: [tiny-gqa, tiny-mha]
 groups: [baseline, batching]
 profile: {base: quick, prompts_per_type: 1, max_new_tokens: 16, repeats: 3, baseline: {precisions: [fp32, bf16]},

@@ -11,6 +11,7 @@ from sweeps.deferral import Deadline
 from sweeps.full import parse_args
 from sweeps.plan import chosen_profile, plan
 from sweeps.searches import Searches
+from sweeps.trainable import time_left
 from trials.config import TrialConfig
 from trials.loop import TrialResult
 
@@ -65,7 +66,7 @@ def test_a_slot_is_handed_out_as_the_search_s_proposal_with_its_place_and_time(t
         assert proposed.config_hash not in seen | {measured.config_hash}
         seen.add(proposed.config_hash)
         assert handed["search"] == "optuna" and handed["search_index"] == i + 1     # after the store's one
-        assert handed["search_id"] == f"sweep-1:{REAL[0]}" and 0 < handed["time_limit_s"] <= 600
+        assert handed["search_id"] == f"sweep-1:{REAL[0]}" and 0 < time_left(handed["budget_ends_at"]) <= 600
         assert deadline.seconds[proposed.config_hash] == 100.0       # the slot's estimate is the proposal's
         searches.complete(f"t{i}", {"slo_margin": 1.0 + i, "ttft_ratio": 0.5, "tpot_ratio": 0.5})
     searcher = searches.searchers[("capacity", REAL[0])]
