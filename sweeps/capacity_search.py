@@ -6,9 +6,11 @@ that is tens to hundreds of points. Optuna's TPE (through Ray Tune's ``OptunaSea
 each measured point which knobs matter; the SLO enters twice: as a graded objective (``slo_margin``:
 the capacity when > 0, else how far the single stream misses) and as constraints (each single-stream
 p95 over its limit, minus one; feasible when <= 0), so TPE ranks an infeasible point by how far it
-misses instead of lumping it with the rest. The first proposal is each knob's first choice (the
-profile lists the server's defaults first), unless the store has measured it: a reference for every
-later point. ``--search grid`` keeps the exhaustive walk.
+misses instead of lumping it with the rest. The first proposals open the search (``openers``): each
+knob's first choice (the profile lists the server's defaults first), a reference for every later
+point, then each knob changed alone, skipping what the store has measured; where one knob decides
+(weights whose single stream misses the TTFT limit), the search finds it there, not by TPE's random
+start. ``--search grid`` keeps the exhaustive walk.
 
 Ray's ``OptunaSearch`` only calls ``study.tell``; Optuna >= 5 reads constraints from
 ``Trial.set_constraint`` (its ``constraints_func`` argument is deprecated), so ``_ConstrainedOptuna``
@@ -160,9 +162,18 @@ class CapacitySearcher(Searcher):
             self._asked = 0
         for point, reward, ratios in zip(*(warm or ([], [], []))):
             self._add_warm(point, reward, ratios)
+        if self._optuna is not None:
+            for knobs in self.openers():                 # the defaults, then each knob changed alone
+                if _key(knobs) not in self._known:
+                    self._optuna.enqueue(self._params(knobs))
+
+    def openers(self) -> list[dict]:
+        """What the search proposes before TPE chooses: every knob's first choice (the server's
+        defaults: a reference for the rest), then each free knob's other choices with the rest at
+        their first, knob by knob as listed: what an engineer tries by hand, and where a single knob
+        decides (weights the single stream cannot serve), found in a few trials."""
         first = {name: choices[0] for name, choices in self.knobs.items()}
-        if self._optuna is not None and _key(first) not in self._known:
-            self._optuna.enqueue(self._params(first))    # the defaults first: a reference for the rest
+        return [first] + [{**first, name: choice} for name in self._free for choice in self.knobs[name][1:]]
 
     # Tune's side -----------------------------------------------------------------------------------
 

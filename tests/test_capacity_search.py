@@ -109,6 +109,18 @@ def test_the_first_proposal_is_every_knobs_first_choice_unless_the_store_has_it(
     assert first not in [r["knobs"] for r in proposed]
 
 
+def test_the_search_opens_with_the_defaults_then_each_knob_changed_alone():
+    """Before TPE: the defaults, then each knob's other choices with the rest at their defaults, in
+    the knobs' order (what the store measured is skipped)."""
+    first = {name: choices[0] for name, choices in KNOBS.items()}
+    alone = [{**first, name: choice} for name, choices in KNOBS.items() for choice in choices[1:]]
+    proposed = drive(CapacitySearcher(KNOBS, make_trial, max_trials=1 + len(alone), seed=5))
+    assert [r["knobs"] for r in proposed] == [first, *alone]
+    warm = warm_start(capacity_frame([alone[0]]), "m", SLO, KNOBS)
+    proposed = drive(CapacitySearcher(KNOBS, make_trial, max_trials=len(alone), seed=5, warm=warm))
+    assert [r["knobs"] for r in proposed] == [first, *alone[1:]]
+
+
 def test_a_fixed_knob_stays_fixed_and_a_small_space_ends_when_every_point_is_known():
     knobs = {**KNOBS, "precision": ["q4_0"], "kv_bits": [8], "threads": [2]}    # 3 x 4 = 12 points
     found = drive(CapacitySearcher(knobs, make_trial, max_trials=50, seed=1))
@@ -162,8 +174,10 @@ def test_warm_points_reach_optuna_with_their_constraints():
     warm = warm_start(capacity_frame(measured), "m", SLO, KNOBS)
     searcher = CapacitySearcher(KNOBS, make_trial, max_trials=4, warm=warm)
     study = searcher._optuna._ot_study
-    assert len(study.trials) == 12 and all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    for trial, knobs in zip(study.trials, measured):
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]     # the openers
+    assert len(complete) == 12 and len(waiting) == len(study.trials) - 12
+    for trial, knobs in zip(complete, measured):
         assert trial.constraints == pytest.approx({"ttft_ratio": served(knobs)["ttft_ratio"] - 1,
                                                    "tpot_ratio": served(knobs)["tpot_ratio"] - 1})
 
