@@ -158,9 +158,10 @@ profile: {base: quick, prompts_per_type: 1, max_new_tokens: 16, repeats: 3, base
 
 @pytest.mark.cold          # three sweeps of its own: with the fault tests (make test-faults, .ci/run)
 def test_a_sweep_past_its_budget_defers_and_the_next_runs_exactly_what_it_deferred(tiny_zoo, tmp_path):
-    """A sweep file already at the workloads' floors, a budget of ~60 % of its estimate: the first run
-    defers the lowest-priority trials, says so per group and with the command, and stays near its
-    budget; the same command again runs exactly the deferred ones; a third plans 0."""
+    """A sweep file already at the workloads' floors, a budget of a quarter of its estimate: the first
+    run defers the lowest-priority trials (those it could not start in time, standby included), says
+    so per group and with the command, and stays near its budget; the command again (with the time
+    they need) runs exactly the deferred ones; a third plans 0."""
     import os
 
     import tracking
@@ -173,7 +174,7 @@ def test_a_sweep_past_its_budget_defers_and_the_next_runs_exactly_what_it_deferr
     dry = run_sweep(*common, "--budget", "10h", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
     total_min = float(re.search(r"Estimated: ~([\d.]+) min of wall time", dry.stdout)[1])
-    budget_s = max(20, round(total_min * 60 * 0.6))
+    budget_s = max(3, round(total_min * 60 * 0.25))     # a quarter: deferred however fast this machine runs them
 
     first = run_sweep(*common, "--budget", f"{budget_s}s", "--summary-json", str(tmp_path / "one.json"), env=env)
     log = first.stdout[-4000:] + first.stderr[-3000:]
@@ -187,9 +188,10 @@ def test_a_sweep_past_its_budget_defers_and_the_next_runs_exactly_what_it_deferr
     from dashboard.app import deferred_line
 
     assert f"deferred {deferred} trial(s) to the next run" in deferred_line(uri)       # the page says it too
-    runs_after_first = {g: set(tracking.runs_frame(uri, g)["run_id"]) for g in ("baseline", "batching")}
+    frames = {g: tracking.runs_frame(uri, g) for g in ("baseline", "batching")}
+    runs_after_first = {g: set(f["run_id"]) if "run_id" in f else set() for g, f in frames.items()}
 
-    second = run_sweep(*common, "--budget", f"{budget_s}s", "--summary-json", str(tmp_path / "two.json"), env=env)
+    second = run_sweep(*common, "--budget", "10h", "--summary-json", str(tmp_path / "two.json"), env=env)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-3000:]
     two = json.loads((tmp_path / "two.json").read_text())
     assert two["finished"] == deferred and two["skipped"] == one["finished"] and not two["deferred"], two
