@@ -466,10 +466,10 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
         if other.shared_cost is not None:                     # own numbers on it, the measurement once
             total += other.shared_cost(config.charted_as(other.name), estimate)
     total += engines.get(config.stack.engine).benchmark_cost(config, estimate)
-    draft = config.stack.draft_model
-    draft_cost = estimate.step(draft, draft_calibrated_as(config)) if draft else None
+    draft = (config.stack.draft_model, draft_calibrated_as(config)) if config.stack.draft_model else None
+    draft_cost = estimate.step(*draft) if draft else None
     if draft_cost is not None:
-        total += workers.load((draft, draft_calibrated_as(config)), draft_cost.load_s)
+        total += workers.load(draft, draft_cost.load_s)
     return total + workers.load((config.model, precision), cost.load_s)
 
 

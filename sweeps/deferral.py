@@ -144,8 +144,7 @@ class Deadline:
     def wait_s(self, now: float | None = None) -> float:
         """Until the running trials end, by their corrected estimates (what a node-holding trial waits)."""
         now = time.monotonic() if now is None else now
-        return max((start + self.estimate(c) - now for start, c in self.in_flight.values()), default=0.0) \
-            if self.in_flight else 0.0
+        return max((start + self.estimate(c) - now for start, c in self.in_flight.values()), default=0.0)
 
     def ends_at(self) -> float | None:
         """When the budget ends, in seconds since the epoch (a trial's own limit is what is left when it starts)."""
@@ -183,7 +182,7 @@ class Deadline:
     def admits(self, config: TrialConfig, now: float | None = None) -> bool:
         """Whether ``config`` may start now (always without a budget); a trial refused is deferred."""
         left = self.left_s(now)
-        wait = max(0.0, self.wait_s(now)) if holds_node(config) else 0.0
+        wait = max(0.0, self.wait_s(now)) if holds_node(config) else 0.0     # an overdue trial: no wait left
         if left is None or wait + self.estimate(config) <= left:
             return True
         self.deferred.append(config)
