@@ -9,8 +9,8 @@ Each summary's trials are estimated as the run that planned them estimates them:
 (``sweeps.deferral.priority_order``) on the run's workers (``sweeps.budget.trial_estimates``), from the
 step costs in the calibration file; measured is each trial's own time (start to result). A trial that
 started while a build shared the machine (the llama.cpp tools: a run's first ``--beside-s``
-seconds) is counted apart: the budget charges the build as work beside the trials, not to them.
-``--save`` keeps the trials, their times and the step costs they read as a recorded sweep, the
+seconds) is also counted apart. Summaries given with ``--recorded`` join its runs, each with the step
+costs of its own ``--calibration``. ``--save`` keeps the trials, their times and the step costs they read as a recorded sweep, the
 fixture of ``tests/test_budget.py``, so the estimate is checked against measured runs without them.
 A reader apart from ``--save``: it writes nothing else.
 """
@@ -56,32 +56,35 @@ def as_lines(recorded: dict) -> str:
     def row(value) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
-    runs = [f'  {{"name": {json.dumps(run["name"])}, "workers": {run["workers"]}, "trials": [\n'
+    def costs(rows) -> str:
+        return ",\n".join(f"  {row(c)}" for c in rows)
+
+    runs = [f'  {{"name": {json.dumps(run["name"])}, "workers": {run["workers"]}, '
+            + (f'"costs": [\n{costs(run["costs"])}],\n  ' if "costs" in run else "") + '"trials": [\n'
             + ",\n".join(f"   {row(t)}" for t in run["trials"]) + "]}" for run in recorded["runs"]]
-    costs = ",\n".join(f"  {row(c)}" for c in recorded["costs"])
-    return '{"runs": [\n' + ",\n".join(runs) + '],\n "costs": [\n' + costs + "]}\n"
+    return '{"runs": [\n' + ",\n".join(runs) + '],\n "costs": [\n' + costs(recorded["costs"]) + "]}\n"
 
 
 def per_group(recorded: dict) -> dict[tuple[str, str], dict]:
-    """(run, group) -> trials, estimated and measured seconds (trials on a core alone), and the same
-    for the trials that ran beside a build."""
+    """(run, group) -> trials, estimated and measured seconds, and the same for those of them that
+    ran beside a build."""
     from sweeps import budget
     from sweeps.deferral import priority_order
     from trials.config import TrialConfig
     from trials.engines.spec import StepCost
 
-    costs = {(model, label): StepCost(**fields) for model, label, fields in recorded["costs"]}
     out: dict = defaultdict(lambda: {"trials": 0, "estimated_s": 0.0, "measured_s": 0.0,
                                      "beside_trials": 0, "beside_estimated_s": 0.0, "beside_measured_s": 0.0})
-    for run in recorded["runs"]:
+    for run in recorded["runs"]:                   # a run with its own calibration keeps its step costs
+        costs = {(model, label): StepCost(**fields) for model, label, fields in run.get("costs", recorded["costs"])}
         trials = [(TrialConfig.from_dict(t["config"]), t) for t in run["trials"]]
         estimates = budget.trial_estimates(priority_order([c for c, _ in trials]), costs, run["workers"])
         for config, t in trials:
             row = out[(run["name"], config.group)]
-            prefix = "beside_" if t["beside_build"] else ""
-            row[f"{prefix}trials"] += 1
-            row[f"{prefix}estimated_s"] += estimates[config.config_hash]
-            row[f"{prefix}measured_s"] += t["measured_s"]
+            for prefix in ("", "beside_") if t["beside_build"] else ("",):
+                row[f"{prefix}trials"] += 1
+                row[f"{prefix}estimated_s"] += estimates[config.config_hash]
+                row[f"{prefix}measured_s"] += t["measured_s"]
     return dict(out)
 
 
@@ -92,21 +95,24 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("summaries", nargs="*", help="--summary-json files of sweeps, in the order they ran")
     parser.add_argument("--calibration", help="the calibration file those sweeps read (step costs)")
-    parser.add_argument("--recorded", help="a recorded sweep saved with --save, instead of summaries")
+    parser.add_argument("--recorded", help="a recorded sweep saved with --save (summaries given too join it)")
     parser.add_argument("--beside-s", type=float, nargs="*", default=[],
                         help="per summary: seconds from its first trial during which a build shared the "
                              "machine (the summary's tools build; 0 where none ran)")
     parser.add_argument("--save", help="write the recorded sweep here")
     args = parser.parse_args(argv)
-    if bool(args.recorded) == bool(args.summaries):
-        raise ConfigError("give either --summary-json files (with --calibration) or --recorded, not both or neither")
+    if not args.recorded and not args.summaries:
+        raise ConfigError("give --summary-json files (with --calibration), --recorded, or both")
+    if args.summaries and not args.calibration:
+        raise ConfigError("--calibration is required with summary files: the step costs their runs read")
+    added = load_summaries(args.summaries, args.calibration, args.beside_s) if args.summaries else None
     if args.recorded:
         recorded = json.loads(pathlib.Path(args.recorded).read_text())
+        for run in (added or {}).get("runs", []):
+            recorded["runs"].append({**run, "costs": added["costs"]})
     else:
-        if not args.calibration:
-            raise ConfigError("--calibration is required with summary files: the step costs their runs read")
-        recorded = load_summaries(args.summaries, args.calibration, args.beside_s)
-    print(f"{'run':<22}{'group':<14}{'trials':>7}{'est min':>9}{'meas min':>10}{'ratio':>7}   beside a build")
+        recorded = added
+    print(f"{'run':<22}{'group':<14}{'trials':>7}{'est min':>9}{'meas min':>10}{'ratio':>7}   of them beside a build")
     for (run, group), row in per_group(recorded).items():
         ratio = row["measured_s"] / row["estimated_s"] if row["estimated_s"] else float("nan")
         flag = "" if abs(ratio - 1) <= AGREE else "  <- outside 25 %"

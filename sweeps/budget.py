@@ -88,6 +88,11 @@ MIN_NEW_TOKENS = 16
 MIN_NEW_TOKENS_EMULATED = 8
 MIN_REPEATS = 3                   # a profile may ask for fewer (a deterministic byte count needs no more)
 TRIAL_OVERHEAD_S = 0.5            # Ray's per-trial overhead with reused actors, plus bookkeeping
+# A trial in a fresh worker process (the run's first on each worker; every worker after a trial that
+# held the node, whose one-core actors Ray does not keep) imports torch and transformers and loads
+# its first model cold: about this much over a warm worker (the zoo's trials in a fresh worker took
+# a median 6.5 s outside their timed passes, in a warm one 1.1 s).
+WORKER_START_S = 5.0
 # On one CPU thread a decode step at batch b costs ~(1 + growth (b - 1)) steps at batch 1 for the
 # zoo's models; `llm-report` prints the growth each model showed in a store's
 # batching runs (README, "Why the sizes").
@@ -379,17 +384,36 @@ def _generate_s(cost: StepCost, prompts: int, prompt_tokens: float, new_tokens: 
 
 class Workers:
     """The run's worker processes as the estimate walks its trials in run order, each trial to the
-    next worker in turn: each worker measures a group's reference once (``once``) and keeps its last
-    ``trials.worker.model_cache_size()`` models loaded (``load``), so interleaved models load again."""
+    next worker in turn: each worker starts once (``next_trial``), measures a group's reference once
+    (``once``) and keeps its last ``trials.worker.model_cache_size()`` models loaded (``load``), so
+    interleaved models load again. A trial that holds the node ends every worker: those after it
+    start afresh."""
 
-    def __init__(self, workers: int = 1):
+    def __init__(self, workers: int = 1, started: bool = False):
         self.count = max(1, workers)
+        self.turn = -1
+        self._fresh(started)
+
+    def _fresh(self, started: bool = False) -> None:
         self.references: Counter = Counter()
         self.models: list[list] = [[] for _ in range(self.count)]
-        self.turn = -1
+        self.started = [started] * self.count
+        self.after_node_holder = False
 
-    def next_trial(self) -> None:
+    def next_trial(self, holds_node: bool = False) -> float:
+        """The next trial's turn; returns what starting its worker costs (``WORKER_START_S`` where the
+        worker is fresh, 0 for a node-holding trial, whose technique's cost model counts its start)."""
+        if self.after_node_holder:
+            self._fresh()
         self.turn += 1
+        if holds_node:
+            self.after_node_holder = True
+            return 0.0
+        worker = self.turn % self.count
+        if self.started[worker]:
+            return 0.0
+        self.started[worker] = True
+        return WORKER_START_S
 
     def once(self, key, seconds: float) -> float:
         if self.references[key] >= self.count:
@@ -452,16 +476,16 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
     """Estimated seconds of one trial: its technique's cost model (``Technique.cost``; the loop's
     timed passes where it has none), its engine's benchmark beside the loop (``Engine.benchmark_cost``),
     loading its model and draft where its worker does not hold them, and the per-trial overhead.
-    ``workers``: what the run's workers already measured and hold (a fresh one: nothing)."""
-    workers = Workers() if workers is None else workers
-    workers.next_trial()
+    ``workers``: what the run's workers already measured and hold (None: one running worker that holds nothing)."""
+    workers = Workers(started=True) if workers is None else workers
+    technique = groups.get(config.group)
+    start = workers.next_trial(technique.holds_node)
     precision = calibrated_as(config)
     cost = costs.get((config.model, precision))
     if cost is None:
         return TRIAL_OVERHEAD_S                                  # fails at once (missing package)
     estimate = Estimate(config, costs, cost, workers)
-    technique = groups.get(config.group)
-    total = TRIAL_OVERHEAD_S + (technique.cost(config, estimate) if technique.cost else estimate.plain)
+    total = start + TRIAL_OVERHEAD_S + (technique.cost(config, estimate) if technique.cost else estimate.plain)
     for other in map(groups.get, config.also_charted_by):     # groups that chart the same run: their
         if other.shared_cost is not None:                     # own numbers on it, the measurement once
             total += other.shared_cost(config.charted_as(other.name), estimate)

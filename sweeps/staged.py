@@ -12,6 +12,12 @@ stages are given out, the trials the plan deferred (``standby``, in priority ord
 same way: a run whose trials took less than estimated uses the time left on what waits for the next
 run. It says FINISHED when nothing is left to offer. A searched group's slot
 (``sweeps.searches``) is handed out as what its search proposes. Tune's own loop, resources, retries and callbacks stay as they are.
+
+Once a trial that holds every core of its node is handed out, nothing else is until it completes: Ray
+does not grant a waiting request for the whole node before later, smaller ones, so each core a
+finishing trial frees would go to the next one-core trial, and the node-holding trial would wait
+behind all of them (one sweep ran 25 one-core trials one at a time, each in a fresh worker, while a
+server trial waited 6 min). Handed out alone, it starts when the running trials end.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class StagedSearcher(Searcher):
         self.later = later            # None once its trials are queued (or there is no later stage)
         self.order = order or (lambda configs: configs)
         self.deadline = deadline      # None: no budget, every trial starts
+        self.holding: str | None = None   # a handed-out trial that holds the node, until it completes
 
     def suggest(self, trial_id: str) -> dict | None:
         if self.later is not None:
@@ -47,6 +54,8 @@ class StagedSearcher(Searcher):
                 self.later = None
             elif not self.queue:
                 return None           # not ready yet: Tune asks again
+        if self.holding is not None:
+            return None               # the node-holding trial waits for the running ones: nothing passes it
         while (config := self._next()) is not None:
             handed = self._hand_out(trial_id, config)
             if handed is not None:
@@ -69,21 +78,26 @@ class StagedSearcher(Searcher):
         search proposes), else None."""
         if self.deadline is not None and not self.deadline.admits(config):
             return None
-        if self.searches is None:
-            return {"trial": config.to_dict()}
-        return self.searches.hand_out(trial_id, config, self.deadline)
+        handed = ({"trial": config.to_dict()} if self.searches is None
+                  else self.searches.hand_out(trial_id, config, self.deadline))
+        if handed is not None and holds_node(config):
+            self.holding = trial_id
+        return handed
 
     def _next(self) -> TrialConfig | None:
         """The first queued trial that can start: while the later stage is still being built beside the
-        trials (on a core of its own), not one that holds every core of the node: its request would wait
-        for that core, and Ray grants requests in order, so every trial behind it would wait too."""
+        trials (on a core of its own), not one that holds every core of the node: it would wait for that
+        core, and nothing is handed out while it waits, so every trial behind it would wait too."""
         for i, config in enumerate(self.queue):
             if self.later is None or not holds_node(config):
                 return self.queue.pop(i)
         return None
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        """A planned trial's result changes nothing that follows; a searched one's goes to its search."""
+        """A node-holding trial's end lets the next trials out; a searched trial's result goes to its
+        search; a planned one's changes nothing that follows."""
+        if trial_id == self.holding:
+            self.holding = None
         if self.searches is not None:
             self.searches.complete(trial_id, result, error)
 

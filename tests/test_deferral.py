@@ -208,7 +208,7 @@ def test_a_sweep_past_its_budget_defers_and_the_next_runs_exactly_what_it_deferr
 
 def test_a_trial_that_holds_its_node_waits_while_the_zoo_holds_a_core():
     """While the later stage builds beside the trials, a node-holding trial stays queued and the next one
-    starts (Ray grants resource requests in order: one waiting for the zoo's core would stall the rest);
+    starts (one waiting for the zoo's core would stall the rest: nothing passes it once handed out);
     once the zoo's trials arrive it is handed out in its turn."""
     from sweeps.staged import StagedSearcher
 
@@ -221,3 +221,22 @@ def test_a_trial_that_holds_its_node_waits_while_the_zoo_holds_a_core():
     assert searcher.suggest("1") is None                                  # only the held one: ask again
     ready[0] = []
     assert TrialConfig.from_dict(searcher.suggest("2")["trial"]).config_hash == held.config_hash
+
+
+def test_nothing_passes_a_node_holding_trial_until_it_completes():
+    """Ray does not grant a waiting whole-node request before later one-core ones (a 2-CPU trial waited
+    behind eight 1-CPU ones, each in a fresh worker, in a real Tune run), so once a node-holding trial is
+    handed out the searcher hands out nothing else until Tune says it completed."""
+    from sweeps.staged import StagedSearcher
+
+    held = TrialConfig(group="serving", model="tiny-gqa", stack=Stack("f16", engine="llama_server"),
+                       workload=Workload("prose", 1, 8))
+    first, after = _config("tiny-gqa"), _config("tiny-mha")
+    searcher = StagedSearcher([first, held, after])
+    assert TrialConfig.from_dict(searcher.suggest("0")["trial"]).config_hash == first.config_hash
+    assert TrialConfig.from_dict(searcher.suggest("1")["trial"]).config_hash == held.config_hash
+    assert searcher.suggest("2") is None and searcher.suggest("2") is None    # waits for trial 1, not passes it
+    searcher.on_trial_complete("0")
+    assert searcher.suggest("2") is None                                      # trial 0 ending is not enough
+    searcher.on_trial_complete("1", error=True)                               # failed or not, it has ended
+    assert TrialConfig.from_dict(searcher.suggest("2")["trial"]).config_hash == after.config_hash

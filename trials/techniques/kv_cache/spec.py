@@ -14,13 +14,17 @@ def guard(stack) -> str | None:
 
 
 def cost(config, estimate) -> float:
-    """The full-precision reference (once per model and workload), then the cache under test, each
-    with a teacher-forced pass over the last ``max_new_tokens`` tokens of every prompt."""
+    """The cache under test, each prompt generated and teacher-forced over its last ``max_new_tokens``
+    tokens. The full-precision cache is its own reference; another needs the reference: one pass and
+    its teacher-forced predictions, once per worker, model and workload (``runner.reference``)."""
     s, w = config.stack, config.workload
     teacher_forced = estimate.teacher_forced_s(estimate.cost)
-    total = estimate.once((NAME, config.model, s.precision, w), estimate.plain + teacher_forced)
+    key = (NAME, config.model, s.precision, w)
+    if s.kv_bits == 16:
+        return estimate.once(key, 0.0) + estimate.plain + teacher_forced     # this worker now holds it
+    one_pass = estimate.generate_s(estimate.cost, w.max_new_tokens, 1, s.batch_size)
     factor = HQQ_FACTOR if s.kv_backend == "hqq" else 1.0
-    return total + (estimate.plain + teacher_forced) * factor
+    return estimate.once(key, one_pass + teacher_forced) + (estimate.plain + teacher_forced) * factor
 
 
 def device_checks(setup) -> list[DeviceCheck]:
