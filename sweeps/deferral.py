@@ -168,6 +168,10 @@ class Deadline:
         low, high = RATIO_RANGE
         return min(high, max(low, sum(m for m, _ in pairs) / estimated))
 
+    def failed(self, trial_id: str) -> None:
+        """A trial whose worker died: no longer running; its time says nothing of its estimate."""
+        self.in_flight.pop(trial_id, None)
+
     def finished(self, config: TrialConfig, measured_s: float, trial_id: str | None = None) -> None:
         self.in_flight.pop(trial_id, None)
         estimated = self.seconds.get(config.config_hash)

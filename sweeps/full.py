@@ -49,10 +49,6 @@ from trials.errors import ConfigError, argument_type, one_line_errors, positive_
 from trials.measurement.cost import parse_price_per_hour
 from trials.redaction import one_line
 
-# Not used here: names callers import from sweeps.full, now where each job lives.
-from sweeps.launch import worker_env_vars  # noqa: F401
-from sweeps.summary import print_summary  # noqa: F401
-
 RAY_RESULTS = Path.home() / ".cache" / "llm-inference-sweeps" / "ray_results"
 
 

@@ -76,7 +76,7 @@ class ProgressPrinter(Callback):
         self.done += 1
         self.running.pop(self._name(trial), None)
         if self.deadline is not None:
-            self.deadline.in_flight.pop(trial.trial_id, None)
+            self.deadline.failed(trial.trial_id)
         self._print(f"{self.done}/{self.total} ERROR    {self._name(trial)}")
 
     def on_step_end(self, iteration, trials, **info) -> None:

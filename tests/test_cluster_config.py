@@ -139,17 +139,17 @@ def test_readme_runs_the_cluster_end_to_end():
 
 
 def test_hf_token_and_plugins_reach_the_trials_through_ray_only(monkeypatch):
-    from sweeps import full
+    from sweeps import launch
 
     monkeypatch.setenv("HF_TOKEN", "hf_from_the_shell")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "not-forwarded")
     monkeypatch.setenv("LLM_SWEEPS_ENGINES", "my_engine")
     monkeypatch.setenv("LLM_SWEEPS_TECHNIQUES", "my_technique")
-    assert full.worker_env_vars() == {"HF_TOKEN": "hf_from_the_shell", "LLM_SWEEPS_ENGINES": "my_engine",
+    assert launch.worker_env_vars() == {"HF_TOKEN": "hf_from_the_shell", "LLM_SWEEPS_ENGINES": "my_engine",
                                       "LLM_SWEEPS_TECHNIQUES": "my_technique"}
     for name in ("HF_TOKEN", "LLM_SWEEPS_ENGINES", "LLM_SWEEPS_TECHNIQUES"):
         monkeypatch.delenv(name)
-    assert full.worker_env_vars() == {}
+    assert launch.worker_env_vars() == {}
 
 
 def test_wait_for_gpus_needs_a_cluster():

@@ -59,7 +59,7 @@ def test_make_targets_and_scripts_bind_loopback():
 
 
 def test_the_commands_the_sweep_prints_bind_loopback(capsys):
-    from sweeps.full import print_summary
+    from sweeps.summary import print_summary
 
     print_summary([], [], Counter(), "sqlite:////tmp/mlflow.db", 1.0, 0.0)
     out = capsys.readouterr().out
