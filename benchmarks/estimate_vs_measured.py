@@ -10,8 +10,9 @@ Each summary's trials are estimated as the run that planned them estimates them:
 step costs in the calibration file; measured is each trial's own time (start to result). A trial that
 started while a build shared the machine (the llama.cpp tools: a run's first ``--beside-s``
 seconds) is also counted apart. Summaries given with ``--recorded`` join its runs, each with the step
-costs of its own ``--calibration``. ``--save`` keeps the trials, their times and the step costs they read as a recorded sweep, the
-fixture of ``tests/test_budget.py``, so the estimate is checked against measured runs without them.
+costs of its own ``--calibration``. ``--save`` keeps the trials, their times and the step costs they
+read as a recorded sweep, the fixture of ``tests/test_budget.py``, so the estimate is checked against
+measured runs without them.
 A reader apart from ``--save``: it writes nothing else.
 """
 
@@ -106,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.summaries and not args.calibration:
         raise ConfigError("--calibration is required with summary files: the step costs their runs read")
     added = load_summaries(args.summaries, args.calibration, args.beside_s) if args.summaries else None
-    if args.recorded:
-        recorded = json.loads(pathlib.Path(args.recorded).read_text())
-        for run in (added or {}).get("runs", []):
-            recorded["runs"].append({**run, "costs": added["costs"]})
-    else:
+    if not args.recorded:
         recorded = added
+    else:
+        recorded = json.loads(pathlib.Path(args.recorded).read_text())
+        if added is not None:                                  # each joins with its own step costs
+            recorded["runs"] += [{**run, "costs": added["costs"]} for run in added["runs"]]
     print(f"{'run':<22}{'group':<14}{'trials':>7}{'est min':>9}{'meas min':>10}{'ratio':>7}   of them beside a build")
     for (run, group), row in per_group(recorded).items():
         ratio = row["measured_s"] / row["estimated_s"] if row["estimated_s"] else float("nan")

@@ -264,9 +264,9 @@ def test_a_rerun_sizes_its_trials_as_its_store_recorded_whatever_recalibrated_in
 
 
 def test_each_groups_estimate_is_within_a_quarter_of_a_recorded_make_run():
-    """Three ``make run``s on a 2-core AMD EPYC (AVX-512; the second on the first's store), recorded with
-    ``python -m benchmarks.estimate_vs_measured ... --save``: their trials, each one's measured time and
-    the step costs the runs read. Estimated as the run estimated them (priority order, two workers,
+    """Four ``make run``s on a 2-core AMD EPYC (AVX-512): three from a fresh clone and "make run 2" on
+    make run 1's store, recorded with ``python -m benchmarks.estimate_vs_measured ... --save``: their
+    trials, each one's measured time and the step costs each run read. Estimated as the run estimated them (priority order, two workers,
     each worker's start, references and loaded models, fresh workers after a node-holding trial), each
     group's trials, those beside the llama.cpp tools' build included, agree with what they took within 25 %."""
     from pathlib import Path
