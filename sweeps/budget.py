@@ -198,6 +198,13 @@ def _read_cache(path: Path | None = None) -> dict:
         return {}
 
 
+def _current(entries: dict) -> dict:
+    """The cached entries measured as this version measures: with the scored prefill apart. An older
+    entry's one prefill scored every position, which a generation's does not (Gemma-3's prefill ~2x
+    too dear): measured again, not trusted. A store's record is read as it is (it sized its trials)."""
+    return {key: entry for key, entry in entries.items() if "scored_token_s" in entry}
+
+
 def _write_cache(measured: dict, path: Path | None = None) -> None:
     """Add ``measured`` to the cache, over what the file holds now (not what it held when the
     calibration began: the zoo's calibration beside the first trials writes the same file)."""
@@ -248,7 +255,7 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, rec
     entry: its trials fail at once with that reason, so they cost nothing.
     """
     cache = cache or cache_file()
-    sources = [] if recalibrate else [recorded or {}, _read_cache(cache)]      # the store's record first
+    sources = [] if recalibrate else [recorded or {}, _current(_read_cache(cache))]      # the store's record first
     costs: dict[tuple[str, str], StepCost] = {}
     todo = []
     for model, label in sorted(pairs, key=lambda pair: (pair[0].name, pair[1])):
@@ -497,6 +504,14 @@ def trial_seconds(config: TrialConfig, costs: dict[tuple[str, str], StepCost],
     return total + workers.load((config.model, precision), cost.load_s)
 
 
+def priced_alone(config: TrialConfig, costs: dict[tuple[str, str], StepCost]) -> float | None:
+    """``trial_seconds`` of a trial the plan did not walk (a search's proposal, handed out while the
+    sweep runs) on a worker that holds nothing; None where its step cost was not calibrated."""
+    if (config.model, calibrated_as(config)) not in costs:
+        return None
+    return trial_seconds(config, costs)
+
+
 def trial_estimates(configs: list[TrialConfig], costs: dict[tuple[str, str], StepCost],
                     workers: int = 1) -> dict[str, float]:
     """Each trial's estimated seconds by ``config_hash``, ``configs`` taken in the order they run on
@@ -524,8 +539,8 @@ def zoo_build_seconds(set_names: list[str], costs: dict[tuple[str, str], StepCos
         if own is None:
             continue
         teacher = costs.get((recipe.distill_from, precision)) or costs.get((recipe.distill_from, "fp32"))
-        per_token = (TRAIN_TOKEN_PREFILLS * own.prefill_token_s
-                     + (TEACHER_TOKEN_PREFILLS * teacher.prefill_token_s if teacher else 0.0))
+        per_token = (TRAIN_TOKEN_PREFILLS * own.scored_s
+                     + (TEACHER_TOKEN_PREFILLS * teacher.scored_s if teacher else 0.0))
         total += recipe.train_steps * recipe.batch_size * recipe.seq_len * per_token
     return total
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from trials import groups
 from trials.config import TrialConfig
@@ -128,7 +129,8 @@ class Deadline:
     ``start`` sets the clock (the first trial); ``admits`` says whether a trial's corrected estimate
     ends before the budget does (a trial that holds the node first waits for the running ones, which
     ``running``/``finished`` track); ``finished`` feeds the correction (measured/estimated so far, per
-    group once it has ``MIN_FOR_GROUP_RATIO`` trials, else over all)."""
+    group once it has ``MIN_FOR_GROUP_RATIO`` trials, else over all). ``pricer`` estimates a trial the
+    plan did not price (a search's proposal; None where its step cost is not calibrated)."""
 
     budget_s: float | None
     seconds: dict[str, float]
@@ -137,6 +139,14 @@ class Deadline:
     measured: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     deferred: list[TrialConfig] = field(default_factory=list)
     in_flight: dict[str, tuple[float, TrialConfig]] = field(default_factory=dict)   # trial id -> (start, config)
+    pricer: Callable[[TrialConfig], float | None] | None = None
+
+    def price(self, config: TrialConfig, like: TrialConfig) -> None:
+        """Estimate ``config``, which runs in ``like``'s place (a searched slot's proposal: its slots,
+        weights and ``-b`` change how long its capacity search takes): by its own cost model where the
+        pricer knows its step cost, else as ``like`` was planned."""
+        own = self.pricer(config) if self.pricer is not None else None
+        self.seconds[config.config_hash] = own if own is not None else self.seconds.get(like.config_hash, 0.0)
 
     def running(self, trial_id: str, config: TrialConfig, now: float | None = None) -> None:
         self.in_flight[trial_id] = (time.monotonic() if now is None else now, config)

@@ -112,7 +112,8 @@ def _run(trials: dict[str, list[TrialConfig]], args, device: str, uri: str, star
              sweep_id, len(flat(trials)), len(chosen.run),
              f" (the zoo's {len(zoo_stage.planned)} once it is built)" if job else "",
              sum(skipped.values()), len(chosen.deferred))
-    deadline = Deadline(None if chosen.capacity_s is None else budget_s, chosen.seconds, workers)
+    deadline = Deadline(None if chosen.capacity_s is None else budget_s, chosen.seconds, workers,
+                        pricer=lambda config: budget.priced_alone(config, costs))
     standby = list(chosen.deferred)      # offered after the planned trials while the budget has time left
     outcomes: list[dict] = []
     sharing: list[float] = []

@@ -101,8 +101,8 @@ class Searches:
                 log.info("%s: the search of %s has nothing more to propose; its slot is given up", *key)
                 return None
             run = TrialConfig.from_dict(proposal["trial"])
-            if deadline is not None:       # the slot's estimate is the proposal's
-                deadline.seconds[run.config_hash] = deadline.seconds.get(config.config_hash, 0.0)
+            if deadline is not None:
+                deadline.price(run, like=config)
             self.owner[trial_id] = key
         self.index[key] += 1
         return {"trial": run.to_dict(), "search": self.mode, "search_index": self.index[key],

@@ -290,3 +290,34 @@ def test_a_capacity_trial_near_the_ttft_limit_is_charged_its_search_by_the_chanc
     assert feasible_chance(0.5 * (1 - TTFT_SPREAD), 0.5) == 1.0 and feasible_chance(0.1, 0.5) == 1.0
     assert feasible_chance(0.5 * (1 + TTFT_SPREAD), 0.5) == 0.0 and feasible_chance(5.0, 0.5) == 0.0
     assert feasible_chance(0.45, 0.5) > feasible_chance(0.55, 0.5)
+
+
+def test_a_search_s_proposal_is_priced_by_its_own_configuration(real_models):
+    """A searched slot runs what its search proposes, known only while the sweep runs: its estimate is
+    the proposal's own (one slot starts its search lower and serves one request at a time), none where
+    its weights' step was never calibrated (the sweep then keeps the slot's)."""
+    from dataclasses import replace
+
+    slot = groups.get("capacity").plan(["smollm2-135m-instruct"], PROFILES["quick"], "cpu")[0]
+    costs = _costs([slot])
+    one_slot, four_slots = (replace(slot, stack=replace(slot.stack, batch_size=n)) for n in (1, 4))
+    assert budget.priced_alone(one_slot, costs) != budget.priced_alone(four_slots, costs)
+    assert all(budget.priced_alone(c, costs) == budget.trial_seconds(c, costs) > 0 for c in (one_slot, four_slots))
+    uncalibrated = replace(slot, stack=replace(slot.stack, precision="q8_0"))     # the plan calibrated only its slot's weights
+    assert budget.priced_alone(uncalibrated, costs) is None
+
+
+def test_perplexity_is_charged_at_the_scored_prefill_and_generation_at_the_last_position_one():
+    """A prefill that scores every position (perplexity windows) pays the output layer per token, a
+    generation's pays it once: Gemma-3's 262,144-row output layer makes the first ~2x the second. An
+    older record, without the scored figure, charges its one prefill for both."""
+    from dataclasses import replace
+
+    plan = _plan()
+    costs = _costs(plan)
+    scored = {key: replace(cost, scored_token_s=10 * cost.prefill_token_s) for key, cost in costs.items()}
+    quantization = next(c for c in plan if c.group == "quantization")
+    baseline = next(c for c in plan if c.group == "baseline")
+    assert budget.trial_seconds(quantization, scored) > budget.trial_seconds(quantization, costs)
+    assert budget.trial_seconds(baseline, scored) == budget.trial_seconds(baseline, costs)
+    assert all(cost.scored_s == cost.prefill_token_s for cost in costs.values())

@@ -46,6 +46,8 @@ def test_an_engine_measured_pair_is_keyed_and_cached_per_engine(fresh, caplog):
         first = budget.calibrate(pairs, "cpu", threads=1)
     assert set(first) == {("tiny-gqa", "fp32"), ("tiny-gqa", LLAMA)}
     assert all(c.decode_s > 0 and c.prefill_token_s > 0 and c.load_s >= 0 for c in first.values())
+    # transformers times a prefill scoring every position apart (perplexity); llama.cpp's keeps the last only
+    assert first[("tiny-gqa", "fp32")].scored_token_s > 0 and first[("tiny-gqa", LLAMA)].scored_token_s is None
     stored = json.loads(fresh.read_text())["entries"]
     [own] = [key for key in stored if f"|{LLAMA}|" in key]
     [default] = [key for key in stored if key != own]
@@ -99,6 +101,13 @@ def test_a_damaged_entry_is_measured_again_and_an_old_record_sizes_as_it_did(fre
         again = budget.calibrate({(model, LLAMA)}, "cpu", threads=1)
     assert _calibrations(caplog) and again[("tiny-gqa", LLAMA)].decode_s > 0
     assert budget.StepCost(**json.loads(fresh.read_text())["entries"][own]) == again[("tiny-gqa", LLAMA)]
+    # a cached entry from before the scored prefill was timed apart: its prefill scored every position
+    older = {k: v for k, v in entries[reference].items() if k != "scored_token_s"}
+    fresh.write_text(json.dumps({"format": budget.CALIBRATION_FORMAT, "entries": {**entries, reference: older}}))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sweeps.budget"):
+        remeasured = budget.calibrate({(model, "fp32")}, "cpu", threads=1)
+    assert _calibrations(caplog) and remeasured[("tiny-gqa", "fp32")].scored_token_s > 0
 
     sized = {"decode_s": 0.25, "prefill_token_s": 0.05, "load_s": 1.0, "measured_at": "then"}
     old_record = budget.legacy_entries({reference: sized})

@@ -55,7 +55,10 @@ def test_a_slot_is_handed_out_as_the_search_s_proposal_with_its_place_and_time(t
     slots = [c for c in plan(args, "cpu", uri)["capacity"] if c.model == REAL[0]]
     measured = slots[0]
     tracking.log_trial(uri, searched_run(measured, 2.0))          # the store's: never proposed again
-    deadline = Deadline(600.0, {c.config_hash: 100.0 for c in slots})
+    # priced by its own slots and -b (a stand-in for the budget's cost model); where the pricer knows no
+    # step cost (None), as its slot was planned
+    pricer = lambda c: None if c.stack.batch_size == 2 else 10.0 * c.stack.batch_size + c.stack.step_tokens / 1000
+    deadline = Deadline(600.0, {c.config_hash: 100.0 for c in slots}, pricer=pricer)
     deadline.start()
     searches = Searches("optuna", uri, "sweep-1", chosen_profile(args, "cpu"), "cpu")
     seen = set()
@@ -67,7 +70,7 @@ def test_a_slot_is_handed_out_as_the_search_s_proposal_with_its_place_and_time(t
         seen.add(proposed.config_hash)
         assert handed["search"] == "optuna" and handed["search_index"] == i + 1     # after the store's one
         assert handed["search_id"] == f"sweep-1:{REAL[0]}" and 0 < time_left(handed["budget_ends_at"]) <= 600
-        assert deadline.seconds[proposed.config_hash] == 100.0       # the slot's estimate is the proposal's
+        assert deadline.seconds[proposed.config_hash] == (pricer(proposed) or 100.0)
         searches.complete(f"t{i}", {"slo_margin": 1.0 + i, "ttft_ratio": 0.5, "tpot_ratio": 0.5})
     searcher = searches.searchers[("capacity", REAL[0])]
     assert searcher.best().slo_margin == 3.0

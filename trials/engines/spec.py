@@ -186,9 +186,17 @@ class StepCost:
     budget estimates every trial from (``sweeps.budget``)."""
 
     decode_s: float          # one decode step (median of a few, with a KV cache)
-    prefill_token_s: float   # per token of one prefill
+    prefill_token_s: float   # per token of one prefill that keeps the last position's logits (as generation does)
     load_s: float
     measured_at: str = ""
+    scored_token_s: float | None = None   # per token of a prefill that scores every position (perplexity,
+                                          # training); None: not measured apart (older records measured that one)
+
+    @property
+    def scored_s(self) -> float:
+        """Per token of a prefill that computes every position's logits: a large vocabulary's output
+        layer (Gemma-3's 262,144 rows) then costs more than the rest of the model."""
+        return self.prefill_token_s if self.scored_token_s is None else self.scored_token_s
 
 
 class Backend(Protocol):

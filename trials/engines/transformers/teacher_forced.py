@@ -32,7 +32,7 @@ def teacher_forced_logprobs(loaded: loading.LoadedModel, stack: Stack, prompt: P
     prefix, targets = ids[:, :-forced], ids[0, -forced:]
     cache = {cache_kwarg(loaded.model): make_cache(stack, loaded.model)}
     with torch.inference_mode():
-        out = loaded.model(input_ids=prefix, use_cache=True, **cache)
+        out = loaded.model(input_ids=prefix, use_cache=True, logits_to_keep=1, **cache)   # only the last is read
         logits = [out.logits[0, -1]]
         for step in range(forced - 1):
             out = loaded.model(input_ids=targets[None, step:step + 1], use_cache=True, **cache)

@@ -35,7 +35,7 @@ def shared_cost(config, estimate) -> float:
         return 0.0
     method = perplexity_method(config.entry(), config.workload.eval_windows)
     ref = estimate.step(config.model, reference_precision(config.entry(), config.device)) or estimate.cost
-    windows = method.windows * method.context * (ref.prefill_token_s + estimate.cost.prefill_token_s)
+    windows = method.windows * method.context * (ref.scored_s + estimate.cost.scored_s)
     return estimate.once((NAME, "windows", config.measurement_hash), windows)
 
 

@@ -16,9 +16,9 @@ def cost(config, estimate) -> float:
     ppl_tokens = method.windows * method.context
     ref = estimate.step(config.model, reference_precision(config.entry(), config.device)) or estimate.cost
     reference = (estimate.generate_s(ref, w.max_new_tokens, repeats=1, batch=s.batch_size)
-                 + ppl_tokens * ref.prefill_token_s)
+                 + ppl_tokens * ref.scored_s)
     return (estimate.once((NAME, config.model, w, s.batch_size), reference)
-            + estimate.plain + ppl_tokens * estimate.cost.prefill_token_s)
+            + estimate.plain + ppl_tokens * estimate.cost.scored_s)
 
 
 def device_checks(setup) -> list[DeviceCheck]:
