@@ -48,7 +48,13 @@ def load_summaries(paths: list[str], calibration: str, beside_s: list[float]) ->
                                  "beside_build": o["timestamp"] - o["time_total_s"] < first_start + build_s}
                                 for o in outcomes]})
     configs = [TrialConfig.from_dict(t["config"]) for run in runs for t in run["trials"]]
-    costs = budget.calibrate(budget.pairs_needed(configs), "cpu", 1, cache=pathlib.Path(calibration), measure=False)
+    pairs = budget.pairs_needed(configs)
+    recorded = json.loads(pathlib.Path(calibration).read_text()).get("entries", {})   # read as the runs read it
+    costs = budget.calibrate(pairs, "cpu", 1, cache=pathlib.Path(calibration), recorded=recorded, measure=False)
+    if len(costs) < len(pairs):          # keyed by this CPU's capability: another CPU's file holds none of ours
+        raise ConfigError(f"{calibration}: no step cost for {len(pairs) - len(costs)} of the {len(pairs)} "
+                          f"model/precision pairs on this CPU setting (recorded on another CPU, or with "
+                          f"ATEN_CPU_CAPABILITY set? Run this with the same setting)")
     return {"runs": runs, "costs": [[model, label, asdict(cost)] for (model, label), cost in sorted(costs.items())]}
 
 
