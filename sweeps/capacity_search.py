@@ -169,11 +169,13 @@ class CapacitySearcher(Searcher):
 
     def openers(self) -> list[dict]:
         """What the search proposes before TPE chooses: every knob's first choice (the server's
-        defaults: a reference for the rest), then each free knob's other choices with the rest at
-        their first, knob by knob as listed: what an engineer tries by hand, and where a single knob
-        decides (weights the single stream cannot serve), found in a few trials."""
+        defaults: a reference for the rest), then each free knob changed alone, the rest at their
+        first: one change per knob, in the order the knobs are listed, before any knob's next choice
+        (a short search tries every knob once). What an engineer tries by hand, and where a single
+        knob decides (weights the single stream cannot serve), found in a few trials."""
         first = {name: choices[0] for name, choices in self.knobs.items()}
-        return [first] + [{**first, name: choice} for name in self._free for choice in self.knobs[name][1:]]
+        changes = [[{**first, name: choice} for choice in self.knobs[name][1:]] for name in self._free]
+        return [first] + [knobs for turn in itertools.zip_longest(*changes) for knobs in turn if knobs is not None]
 
     # Tune's side -----------------------------------------------------------------------------------
 

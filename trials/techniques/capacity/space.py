@@ -48,8 +48,10 @@ def knobs(engine, entry, settings: dict, device: str) -> dict[str, list]:
         caches.append(parsed[0])
     cores = os.cpu_count() or 1
     threads = [t for t in dict.fromkeys(settings.get("threads") or [0]) if t <= cores] or [0]
-    return {"precision": weights, "kv_bits": list(dict.fromkeys(caches)) or [16],
-            "slots": list(dict.fromkeys(settings["parallel"])), "step_tokens": list(dict.fromkeys(settings["step_tokens"])),
+    # in the order the search opens with them (``CapacitySearcher.openers``): the weights, which decide
+    # whether a single stream can meet the TTFT limit at all, then -b, the prefill stall this group is about
+    return {"precision": weights, "step_tokens": list(dict.fromkeys(settings["step_tokens"])),
+            "kv_bits": list(dict.fromkeys(caches)) or [16], "slots": list(dict.fromkeys(settings["parallel"])),
             "threads": threads}
 
 
