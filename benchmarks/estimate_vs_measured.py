@@ -35,6 +35,9 @@ def load_summaries(paths: list[str], calibration: str, beside_s: list[float]) ->
     from sweeps import budget
     from trials.config import TrialConfig
 
+    missing = [path for path in [*paths, calibration] if not pathlib.Path(path).is_file()]
+    if missing:
+        raise ConfigError(f"no such file: {', '.join(missing)}")
     runs = []
     for path, build_s in zip(paths, beside_s + [0.0] * (len(paths) - len(beside_s))):
         summary = json.loads(pathlib.Path(path).read_text())
@@ -49,7 +52,7 @@ def load_summaries(paths: list[str], calibration: str, beside_s: list[float]) ->
                                 for o in outcomes]})
     configs = [TrialConfig.from_dict(t["config"]) for run in runs for t in run["trials"]]
     pairs = budget.pairs_needed(configs)
-    recorded = json.loads(pathlib.Path(calibration).read_text()).get("entries", {})   # read as the runs read it
+    recorded = budget.read_cache(pathlib.Path(calibration))     # every entry, as the runs read it (older ones too)
     costs = budget.calibrate(pairs, "cpu", 1, cache=pathlib.Path(calibration), recorded=recorded, measure=False)
     if len(costs) < len(pairs):          # keyed by this CPU's capability: another CPU's file holds none of ours
         raise ConfigError(f"{calibration}: no step cost for {len(pairs) - len(costs)} of the {len(pairs)} "

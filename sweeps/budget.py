@@ -185,7 +185,7 @@ def _load_cache(path: Path) -> dict:
     return entries
 
 
-def _read_cache(path: Path | None = None) -> dict:
+def read_cache(path: Path | None = None) -> dict:
     """The cached step costs; none where there is no cache, and, said in one line, where it is damaged
     (not JSON, or not the shape this module writes): then every model is measured again."""
     path = path or cache_file()
@@ -255,7 +255,7 @@ def calibrate(pairs: set[tuple[ModelEntry, str]], device: str, threads: int, rec
     entry: its trials fail at once with that reason, so they cost nothing.
     """
     cache = cache or cache_file()
-    sources = [] if recalibrate else [recorded or {}, _current(_read_cache(cache))]      # the store's record first
+    sources = [] if recalibrate else [recorded or {}, _current(read_cache(cache))]      # the store's record first
     costs: dict[tuple[str, str], StepCost] = {}
     todo = []
     for model, label in sorted(pairs, key=lambda pair: (pair[0].name, pair[1])):

@@ -1062,12 +1062,12 @@ def test_a_damaged_calibration_cache_is_measured_again_in_one_line(tmp_path, mon
     for text in ('{"format": ', "[" * 100_000, json.dumps({"format": budget.CALIBRATION_FORMAT, "entries": [1]})):
         path.write_text(text)
         caplog.clear()
-        assert budget._read_cache() == {}
+        assert budget.read_cache() == {}
         said = [r.getMessage() for r in caplog.records]
         assert len(said) == 1 and "is damaged" in said[0] and "measuring again" in said[0], said
     path.unlink()
     caplog.clear()
-    assert budget._read_cache() == {} and not caplog.records, "no cache yet is not damage"
+    assert budget.read_cache() == {} and not caplog.records, "no cache yet is not damage"
 
 
 def _tables_without_revision(tmp_path):
